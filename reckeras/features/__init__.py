@@ -1,0 +1,8 @@
+"""Declarative feature specs and the transform plan compiled from them."""
+
+from reckeras.features.encode import FeatureInputError
+from reckeras.features.plan import TablePlanError
+from reckeras.features.specs import Categorical, Cross, Numeric, Sequence
+
+__all__ = ["Categorical", "Cross", "FeatureInputError", "Numeric", "Sequence",
+           "TablePlanError"]

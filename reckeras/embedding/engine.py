@@ -1,0 +1,110 @@
+"""The embedding engine: from a packed sparse batch to pooled embeddings.
+
+One engine serves one ShardedEmbedding layer. Per batch it (1) derives each
+id's slot, example and pooling weight from the offsets, (2) turns ids into
+table keys (``mix64(id) ^ salt(table)``), (3) resolves keys to rows of the
+physical tables (creating rows for new ids while training), (4) dedups the
+rows, and (5) runs the fused pooled lookup, whose backward aggregates one
+gradient per unique row and applies the sparse optimizer to those rows.
+
+Step (3) is where rows live: in one process it is a local hash lookup; the
+distributed engine replaces it by an exchange with the owning ranks, keeping
+the rest of the path.
+"""
+
+import functools
+
+import torch
+
+from reckeras import ragged
+from reckeras.backend_kernels.aggregation import unique_rows
+from reckeras.backend_kernels.hashing import mix64
+from reckeras.backend_kernels.pooling import PooledLookup
+from reckeras.embedding.table import PhysicalTable
+
+MEAN, SQRTN = 1, 2
+
+
+class EmbeddingEngine:
+    """Tables and the per-batch lookup of one embedding layer (one process).
+
+    Args:
+        packing: the ``PackingPlan`` of the layer's features.
+        init_scale: new rows are uniform in ``[-init_scale, init_scale]``.
+        seed: seed of the rows' initial values.
+    """
+
+    def __init__(self, packing, init_scale=0.05, seed=0):
+        self.packing = packing
+        self.tables = [PhysicalTable(dim, init_scale, seed) for dim in packing.dims]
+        self.optimizer = None
+        # The tables are not autograd leaves; this empty tensor is, so that
+        # backward reaches PooledLookup even in a model with no dense weights.
+        self.anchor = torch.zeros(0, requires_grad=True)
+
+    def set_optimizer(self, optimizer):
+        self.optimizer = optimizer
+        initial = getattr(optimizer, "initial_accumulator_value", 0.0)
+        for table in self.tables:
+            table.configure_state(optimizer.state_width(table.dim), initial)
+
+    def _apply_row_grads(self, table, rows, grads):
+        if self.optimizer is None:
+            raise RuntimeError("the embedding tables have no optimizer: compile the "
+                               "model with embedding_optimizer=... before training")
+        self.optimizer.apply(table.weights, table.state, rows, grads)
+
+    def lookup(self, ids, offsets, training):
+        """Pooled embeddings of a packed batch, one ``[B, F_g, D_g]`` per dim.
+
+        Args:
+            ids: int64 ``[N]`` transformed ids.
+            offsets: int64 ``[S * B + 1]`` bag offsets.
+            training: create rows for new ids (else unseen ids read zeros).
+        """
+        plan = self.packing
+        num_slots = plan.num_slots
+        batch = ragged.batch_size(offsets, num_slots)
+        num_ids = ids.numel()
+        if plan.has_sequences:
+            bag = ragged.bag_of_ids(offsets, num_ids)
+        else:
+            bag = torch.arange(num_ids, device=ids.device)
+        slot = torch.div(bag, batch, rounding_mode="floor") if batch else bag
+        example = bag - slot * batch
+        keys = mix64(ids) ^ plan.slot_salt[slot]
+        weight = self._pooling_weight(offsets, bag, slot, num_ids)
+        outputs = []
+        for group, table in enumerate(self.tables):    # one per distinct dim
+            if len(self.tables) > 1:
+                chosen = (plan.slot_group[slot] == group).nonzero().squeeze(1)
+                group_keys, group_slot = keys[chosen], slot[chosen]
+                group_example, group_weight = example[chosen], weight[chosen]
+            else:
+                group_keys, group_slot, group_example, group_weight = \
+                    keys, slot, example, weight
+            rows = table.rows_of(group_keys, insert=training)
+            if not training:
+                group_weight = torch.where(rows < 0, 0.0, group_weight)
+                rows = rows.clamp(min=0)
+            unique, unique_index = unique_rows(rows, table.num_rows)
+            width = len(plan.group_outputs[group])
+            destination = group_example * width + plan.slot_position[group_slot]
+            pooled = PooledLookup.apply(
+                self.anchor, table.weights, unique, unique_index, destination,
+                group_weight, batch * width,
+                functools.partial(self._apply_row_grads, table))
+            outputs.append(pooled.view(batch, width, table.dim))
+        return outputs
+
+    def _pooling_weight(self, offsets, bag, slot, num_ids):
+        if not self.packing.has_sequences:
+            return torch.ones(num_ids, device=offsets.device)
+        length = (offsets[1:] - offsets[:-1])[bag].float()
+        combiner = self.packing.slot_combiner[slot]
+        return torch.where(combiner == MEAN, 1.0 / length,
+                           torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
+
+    def memory_bytes(self):
+        """Bytes held by each physical table, keyed by dim."""
+        return {table.dim: table.memory_bytes() for table in self.tables}

@@ -1,0 +1,139 @@
+"""A physical embedding table: a dynamic hash index plus row storage.
+
+Several logical tables of one dim are packed into one physical table (see
+``packing``); their keys are salted so they never share a row. Storage grows
+without bound: the index is rehashed to keep its load under one half, and the
+row arrays double when full. A new row's initial value is a function of its
+key and the table's seed only, so it is the same whatever the batch order or
+the rank that creates it.
+"""
+
+import numpy as np
+import torch
+
+from reckeras.backend_kernels import hash_table
+from reckeras.backend_kernels.hashing import _shr, mix64
+
+_UNIT = 2.0 ** -53
+
+
+def initial_rows(keys, dim, scale, seed):
+    """Uniform(-scale, scale) ``[n, dim]`` rows derived from ``keys``."""
+    base = mix64(keys ^ mix64(torch.tensor(seed, dtype=torch.int64)))
+    bits = mix64(base.unsqueeze(1) + torch.arange(dim, device=keys.device))
+    unit = _shr(bits, 11).double() * _UNIT
+    return ((2.0 * unit - 1.0) * scale).float()
+
+
+class PhysicalTable:
+    """Rows of one dim, found by int64 key.
+
+    Args:
+        dim: row width.
+        init_scale: new rows are uniform in ``[-init_scale, init_scale]``.
+        seed: seed of the initial values.
+        device: torch device of the storage.
+    """
+
+    def __init__(self, dim, init_scale=0.05, seed=0, device=None):
+        self.dim = dim
+        self.init_scale = init_scale
+        self.seed = seed
+        self.device = torch.device(device or "cpu")
+        self.slot_keys, self.slot_rows = hash_table.new_slots(16, self.device)
+        self.num_rows = 0
+        self.keys = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.weights = torch.zeros(1, dim, device=self.device)
+        self.state = torch.zeros(1, 0, device=self.device)
+        self.state_init = 0.0
+
+    def configure_state(self, width, initial_value):
+        """Sets the per-row optimizer state layout.
+
+        State already of this width (for example loaded from a checkpoint) is
+        kept; otherwise every row starts at ``initial_value``.
+        """
+        if self.state.shape[1] != width:
+            self.state = torch.full((self.weights.shape[0], width), initial_value,
+                                    device=self.device)
+        self.state_init = initial_value
+
+    def _reserve(self, extra_keys):
+        needed = self.num_rows + extra_keys
+        if needed > self.slot_keys.numel() * hash_table.MAX_LOAD:
+            self.slot_keys, self.slot_rows = hash_table.rehash(
+                self.slot_keys, self.slot_rows, hash_table.capacity_for(needed))
+
+    def _grow_rows(self, needed):
+        capacity = self.weights.shape[0]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity)
+        weights = torch.zeros(new_capacity, self.dim, device=self.device)
+        weights[:self.num_rows] = self.weights[:self.num_rows]
+        state = torch.full((new_capacity, self.state.shape[1]), self.state_init,
+                           device=self.device)
+        state[:self.num_rows] = self.state[:self.num_rows]
+        keys = torch.empty(new_capacity, dtype=torch.int64, device=self.device)
+        keys[:self.num_rows] = self.keys[:self.num_rows]
+        self.weights, self.state, self.keys = weights, state, keys
+
+    def find_or_insert(self, keys):
+        """Rows of ``keys``, creating (and initializing) rows for new keys."""
+        self._reserve(keys.numel())
+        before = self.num_rows
+        rows, after = hash_table.find_or_insert(self.slot_keys, self.slot_rows, keys,
+                                                before)
+        if after > before:
+            self._grow_rows(after)
+            created = torch.zeros(after - before, dtype=torch.int64, device=self.device)
+            # Every new row's key: scatter from the ids that resolved to it.
+            fresh = rows >= before
+            created[rows[fresh] - before] = keys[fresh]
+            self.keys[before:after] = created
+            self.weights[before:after] = initial_rows(created, self.dim,
+                                                      self.init_scale, self.seed)
+            self.num_rows = after
+        return rows
+
+    def find(self, keys):
+        """Rows of ``keys``; -1 where a key has no row. Creates nothing."""
+        return hash_table.find(self.slot_keys, self.slot_rows, keys)
+
+    def rows_of(self, keys, insert):
+        return self.find_or_insert(keys) if insert else self.find(keys)
+
+    # ---- checkpoints ---------------------------------------------------------
+
+    def export(self):
+        """``{"keys", "weights", "state"}`` numpy arrays of the live rows."""
+        n = self.num_rows
+        return {"keys": self.keys[:n].cpu().numpy(),
+                "weights": self.weights[:n].cpu().numpy(),
+                "state": self.state[:n].cpu().numpy()}
+
+    def load(self, arrays):
+        """Replaces the content with exported arrays."""
+        keys = torch.as_tensor(np.asarray(arrays["keys"]), dtype=torch.int64,
+                               device=self.device)
+        weights = torch.as_tensor(np.asarray(arrays["weights"]), device=self.device)
+        state = torch.as_tensor(np.asarray(arrays["state"]), device=self.device)
+        if weights.shape != (keys.numel(), self.dim):
+            raise ValueError(f"table of dim {self.dim} cannot load weights of shape "
+                             f"{tuple(weights.shape)} for {keys.numel()} keys")
+        self.slot_keys, self.slot_rows = hash_table.new_slots(
+            hash_table.capacity_for(keys.numel()), self.device)
+        self.num_rows = 0
+        self.weights = torch.zeros(max(1, keys.numel()), self.dim, device=self.device)
+        self.keys = torch.empty(max(1, keys.numel()), dtype=torch.int64, device=self.device)
+        width = state.shape[1] if state.ndim == 2 else self.state.shape[1]
+        self.state = torch.full((self.weights.shape[0], width), self.state_init,
+                                device=self.device)
+        rows = self.find_or_insert(keys)
+        self.weights[rows] = weights.float()
+        if state.numel():
+            self.state[rows] = state.float()
+
+    def memory_bytes(self):
+        tensors = (self.slot_keys, self.slot_rows, self.keys, self.weights, self.state)
+        return sum(t.numel() * t.element_size() for t in tensors)

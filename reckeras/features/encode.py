@@ -1,0 +1,174 @@
+"""Host-side encoding of raw batches into the tensors the model reads.
+
+This is the first step of every batch (the "read" stage of the pipeline): a
+pyarrow RecordBatch/Table, or a dict of array-likes, becomes a dict of numpy
+arrays, one per feature input, and every bad input is rejected here, naming the
+feature, before any table row can change:
+
+* numeric features: float32; null -> NaN (the model fills the feature's
+  ``default``); +-inf -> error; strings -> error.
+* Categorical ids: int64; null -> -1 (missing values share one row); negative
+  ids -> error; strings in an int64 feature -> error; strings of a
+  ``dtype="string"`` feature are hashed (``hashing.hash_strings``).
+* bucketized Categoricals: float32, null -> NaN (the missing bucket).
+* Sequences: int64 ``[B, max_len]``, left-aligned, padded with -1; sequences
+  longer than ``max_len`` keep their last ``max_len`` ids.
+"""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reckeras.backend_kernels.hashing import hash_strings
+from reckeras.features.specs import Categorical, Numeric, Sequence
+
+MISSING_ID = -1
+
+
+class FeatureInputError(ValueError):
+    """A raw batch does not match the declared features."""
+
+
+def as_table(batch):
+    """A pyarrow Table from a RecordBatch, Table or dict of array-likes."""
+    if isinstance(batch, pa.Table):
+        return batch
+    if isinstance(batch, pa.RecordBatch):
+        return pa.Table.from_batches([batch])
+    if isinstance(batch, dict):
+        columns = {}
+        for name, values in batch.items():
+            if isinstance(values, np.ndarray) and values.ndim == 2:
+                values = pa.FixedSizeListArray.from_arrays(
+                    pa.array(values.reshape(-1)), values.shape[1])
+            elif not isinstance(values, (pa.Array, pa.ChunkedArray)):
+                values = pa.array(np.asarray(values) if np.ndim(values) else values)
+            columns[name] = values
+        return pa.table(columns)
+    raise TypeError(f"a batch must be a pyarrow RecordBatch/Table or a dict of "
+                    f"arrays, got {type(batch).__name__}")
+
+
+def _column(table, spec):
+    if spec.name not in table.column_names:
+        raise FeatureInputError(
+            f"feature {spec.name!r}: the batch has no column {spec.name!r} "
+            f"(columns: {table.column_names[:20]})")
+    column = table.column(spec.name)
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _is_string(type_):
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_)
+
+
+def _numbers(spec, column):
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        raise FeatureInputError(f"feature {spec.name!r}: expected a numeric column, "
+                                f"got {column.type}")
+    values = column.cast(pa.float32()).to_numpy(zero_copy_only=False)
+    values = np.asarray(values, dtype=np.float32)
+    if np.isinf(values).any():
+        raise FeatureInputError(f"feature {spec.name!r}: column holds +-inf")
+    return values
+
+
+def _ids(spec, values):
+    """Non-negative int64 ids of an int or string array; nulls -> MISSING_ID."""
+    if _is_string(values.type):
+        if spec.dtype != "string":
+            raise FeatureInputError(
+                f"feature {spec.name!r} is declared int64 but the column holds "
+                f"strings; declare dtype='string' to hash them")
+        values = values.cast(pa.large_string())
+        offsets = np.frombuffer(values.buffers()[1], dtype=np.int64)[
+            values.offset:values.offset + len(values) + 1]
+        data = np.frombuffer(values.buffers()[2], dtype=np.uint8) \
+            if values.buffers()[2] is not None else np.zeros(0, np.uint8)
+        ids = hash_strings(data, offsets)
+    elif pa.types.is_integer(values.type):
+        if spec.dtype == "string":
+            raise FeatureInputError(f"feature {spec.name!r} is declared string but "
+                                    f"the column holds {values.type}")
+        ids = np.asarray(values.cast(pa.int64()).fill_null(0)
+                         .to_numpy(zero_copy_only=False), dtype=np.int64)
+        if (ids < 0).any():
+            bad = int(ids[ids < 0][0])
+            raise FeatureInputError(f"feature {spec.name!r}: negative id {bad}; ids "
+                                    f"must be non-negative")
+    else:
+        raise FeatureInputError(f"feature {spec.name!r}: expected int64 or string "
+                                f"ids, got {values.type}")
+    if values.null_count:
+        ids = np.where(np.asarray(values.is_null()), MISSING_ID, ids)
+    return ids
+
+
+def _sequence(spec, column):
+    if pa.types.is_fixed_size_list(column.type):
+        # Already padded (dict input of a 2-D array): -1 marks padding.
+        width = column.type.list_size
+        flat = column.flatten()
+        padded = np.asarray(flat.cast(pa.int64()).to_numpy(zero_copy_only=False),
+                            dtype=np.int64).reshape(-1, width)
+        if (padded < MISSING_ID).any():
+            raise FeatureInputError(f"feature {spec.name!r}: negative id in sequence")
+        if width > spec.max_len:
+            raise FeatureInputError(f"feature {spec.name!r}: padded width {width} "
+                                    f"exceeds max_len {spec.max_len}")
+        return np.pad(padded, ((0, 0), (0, spec.max_len - width)),
+                      constant_values=MISSING_ID)
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        raise FeatureInputError(f"feature {spec.name!r}: expected a list column, "
+                                f"got {column.type}")
+    column = column.cast(pa.large_list(column.type.value_type))
+    lengths = np.asarray(pc.list_value_length(column).fill_null(0)
+                         .to_numpy(zero_copy_only=False), dtype=np.int64)
+    values = pc.list_flatten(column)
+    if values.null_count:
+        raise FeatureInputError(f"feature {spec.name!r}: null inside a sequence")
+    ids = _ids(spec, values)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    kept = np.minimum(lengths, spec.max_len)
+    first = starts + lengths - kept            # keep the last max_len ids
+    position = np.arange(spec.max_len)
+    take = first[:, None] + position[None, :]
+    valid = position[None, :] < kept[:, None]
+    padded = np.full((len(lengths), spec.max_len), MISSING_ID, dtype=np.int64)
+    padded[valid] = ids[take[valid]]
+    return padded
+
+
+def encode(specs, batch):
+    """Encodes a raw batch into model inputs.
+
+    Args:
+        specs: the feature specs.
+        batch: pyarrow RecordBatch or Table, or dict of array-likes.
+
+    Returns:
+        dict feature name -> numpy array.
+
+    Raises:
+        FeatureInputError: naming the feature at fault.
+    """
+    table = as_table(batch)
+    if table.num_rows == 0:
+        raise FeatureInputError("empty batch: it has no rows")
+    inputs = {}
+    for spec in specs:                 # host side, once per column and batch
+        column = _column(table, spec)
+        if isinstance(spec, Numeric):
+            inputs[spec.name] = _numbers(spec, column)
+        elif isinstance(spec, Categorical) and spec.boundaries is not None:
+            inputs[spec.name] = _numbers(spec, column)
+        elif isinstance(spec, Categorical):
+            inputs[spec.name] = _ids(spec, column)
+        elif isinstance(spec, Sequence):
+            inputs[spec.name] = _sequence(spec, column)
+    return inputs
+
+
+def raw_columns(specs):
+    """Names of the raw columns the specs read (Cross reads none of its own)."""
+    return [s.name for s in specs if isinstance(s, (Numeric, Categorical, Sequence))]

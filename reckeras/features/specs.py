@@ -1,0 +1,223 @@
+"""Declarative feature specs: what a raw column is and how it becomes input.
+
+Specs are plain, immutable descriptions validated when constructed; the
+FeatureColumns layer compiles a list of them into one transform plan.
+"""
+
+import math
+
+NUMERIC_TRANSFORMS = (None, "log1p", "standardize")
+COMBINERS = ("sum", "mean", "sqrtn")
+ID_DTYPES = ("int64", "string")
+
+
+def _check_name(name):
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"feature name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _check_positive_int(feature, field, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"feature {feature!r}: {field} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class FeatureSpec:
+    """Base class of the feature specs; subclasses define ``_fields``."""
+
+    _fields = ()
+    sparse = True
+
+    def get_config(self):
+        return {field: getattr(self, field) for field in self._fields}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash((type(self).__name__, self.name))
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+class Numeric(FeatureSpec):
+    """A dense numeric column.
+
+    Missing values (null or NaN) become ``default``; +-inf is rejected.
+
+    Args:
+        name: column name.
+        transform: None, ``"log1p"`` (``sign(x) * log1p(|x|)``, which keeps
+            negative counts finite) or ``"standardize"`` (``(x - mean) / std``
+            with statistics from ``FeatureColumns.adapt``; fit adapts on the
+            training data when they are missing).
+        default: value used for missing entries, before the transform.
+
+    Example:
+        >>> rk.features.Numeric("I1", transform="log1p")
+    """
+
+    _fields = ("name", "transform", "default")
+    sparse = False
+
+    def __init__(self, name, transform=None, default=0.0):
+        self.name = _check_name(name)
+        if transform not in NUMERIC_TRANSFORMS:
+            raise ValueError(f"feature {name!r}: unknown transform {transform!r}; "
+                             f"expected one of {NUMERIC_TRANSFORMS}")
+        self.transform = transform
+        if isinstance(default, bool) or not isinstance(default, (int, float)) \
+                or not math.isfinite(default):
+            raise ValueError(f"feature {name!r}: default must be a finite number, "
+                             f"got {default!r}")
+        self.default = float(default)
+
+
+class Categorical(FeatureSpec):
+    """A single-valued categorical column embedded into ``dim`` dimensions.
+
+    Ids are int64 (non-negative) or strings; there is no vocabulary: every new
+    id gets its own embedding row the first time it is seen. A missing value
+    is its own id.
+
+    Args:
+        name: column name.
+        dim: embedding dimension.
+        table: name of the embedding table; features naming the same table
+            share rows (their dims must agree). Defaults to ``name``.
+        hash_buckets: if set, ids are hashed into this many buckets first
+            (bounded table size).
+        boundaries: if set, the column is numeric and bucketized by these
+            sorted boundaries (``len(boundaries) + 1`` buckets, plus one for
+            missing values).
+        dtype: ``"int64"`` or ``"string"`` (strings are hashed with the stable
+            64-bit hash of ``reckeras.backend_kernels.hashing``). Ignored with
+            ``boundaries``.
+
+    Example:
+        >>> rk.features.Categorical("C1", dim=16)
+        >>> rk.features.Categorical("site", dim=8, dtype="string", hash_buckets=10**6)
+    """
+
+    _fields = ("name", "dim", "table", "hash_buckets", "boundaries", "dtype")
+
+    def __init__(self, name, dim, table=None, hash_buckets=None, boundaries=None,
+                 dtype="int64"):
+        self.name = _check_name(name)
+        self.dim = _check_positive_int(name, "dim", dim)
+        self.table = name if table is None else _check_name(table)
+        self.hash_buckets = None if hash_buckets is None else _check_positive_int(
+            name, "hash_buckets", hash_buckets)
+        if boundaries is not None:
+            boundaries = [float(b) for b in boundaries]
+            if not boundaries or any(not math.isfinite(b) for b in boundaries):
+                raise ValueError(f"feature {name!r}: boundaries must be a non-empty "
+                                 f"list of finite numbers")
+            if any(a >= b for a, b in zip(boundaries, boundaries[1:])):
+                raise ValueError(f"feature {name!r}: boundaries must be strictly "
+                                 f"increasing, got {boundaries}")
+            dtype = "float32"
+        elif dtype not in ID_DTYPES:
+            raise ValueError(f"feature {name!r}: dtype must be one of {ID_DTYPES}, "
+                             f"got {dtype!r}")
+        self.boundaries = boundaries
+        self.dtype = dtype
+
+    def get_config(self):
+        config = super().get_config()
+        if self.boundaries is not None:
+            del config["dtype"]
+        return config
+
+
+class Sequence(FeatureSpec):
+    """A variable-length list of ids (for example a behaviour history).
+
+    Sequences longer than ``max_len`` keep their last ``max_len`` ids (the most
+    recent behaviour); this truncation is the documented policy.
+
+    Args:
+        name: column name (a list<int64> or list<string> column).
+        dim: embedding dimension.
+        max_len: longest sequence kept.
+        table: embedding table name; share it with a Categorical feature to
+            embed history and target in one space. Defaults to ``name``.
+        combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` pooling over the ids.
+        hash_buckets: as for Categorical.
+        dtype: ``"int64"`` or ``"string"``.
+
+    Example:
+        >>> rk.features.Sequence("hist_items", dim=16, max_len=50, table="item")
+    """
+
+    _fields = ("name", "dim", "max_len", "table", "combiner", "hash_buckets", "dtype")
+
+    def __init__(self, name, dim, max_len, table=None, combiner="sum",
+                 hash_buckets=None, dtype="int64"):
+        self.name = _check_name(name)
+        self.dim = _check_positive_int(name, "dim", dim)
+        self.max_len = _check_positive_int(name, "max_len", max_len)
+        self.table = name if table is None else _check_name(table)
+        if combiner not in COMBINERS:
+            raise ValueError(f"feature {name!r}: unknown combiner {combiner!r}; "
+                             f"expected one of {COMBINERS}")
+        self.combiner = combiner
+        self.hash_buckets = None if hash_buckets is None else _check_positive_int(
+            name, "hash_buckets", hash_buckets)
+        if dtype not in ID_DTYPES:
+            raise ValueError(f"feature {name!r}: dtype must be one of {ID_DTYPES}, "
+                             f"got {dtype!r}")
+        self.dtype = dtype
+
+
+class Cross(FeatureSpec):
+    """A hashed cross of 2 or 3 Categorical features, embedded like one.
+
+    Args:
+        names: the Categorical features crossed (declared in the same
+            FeatureColumns).
+        dim: embedding dimension.
+        hash_buckets: number of hash buckets of the crossed id.
+        name: feature name; defaults to ``"_x_".join(names)``.
+        table: embedding table name; defaults to the feature name.
+
+    Example:
+        >>> rk.features.Cross(["C1", "C2"], dim=16, hash_buckets=100_000)
+    """
+
+    _fields = ("names", "dim", "hash_buckets", "name", "table")
+
+    def __init__(self, names, dim, hash_buckets, name=None, table=None):
+        names = list(names)
+        if not 2 <= len(names) <= 3 or len(set(names)) != len(names):
+            raise ValueError(f"Cross needs 2 or 3 distinct feature names, got {names}")
+        self.names = [_check_name(n) for n in names]
+        self.name = "_x_".join(names) if name is None else _check_name(name)
+        self.dim = _check_positive_int(self.name, "dim", dim)
+        self.hash_buckets = _check_positive_int(self.name, "hash_buckets", hash_buckets)
+        self.table = self.name if table is None else _check_name(table)
+
+
+SPEC_TYPES = {cls.__name__: cls for cls in (Numeric, Categorical, Sequence, Cross)}
+
+
+def serialize(spec):
+    return {"class_name": type(spec).__name__, "config": spec.get_config()}
+
+
+def deserialize(config):
+    if isinstance(config, FeatureSpec):
+        return config
+    try:
+        cls = SPEC_TYPES[config["class_name"]]
+    except KeyError:
+        raise ValueError(f"unknown feature spec {config.get('class_name')!r}") from None
+    return cls.from_config(config["config"])

@@ -1,0 +1,144 @@
+"""FeatureColumns: raw columns in, dense block and packed sparse batch out."""
+
+import keras
+import numpy as np
+import torch
+
+from reckeras.features import encode as encoding
+from reckeras.features.plan import TransformPlan
+from reckeras.features.specs import Categorical, Numeric, Sequence, deserialize, serialize
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class FeatureColumns(keras.layers.Layer):
+    """Turns raw feature columns into model inputs, with fused transforms.
+
+    Calling the layer on the dict of raw inputs returns ``(dense, sparse)``:
+    ``dense`` is the ``[B, n_numeric]`` float32 block of the numeric features
+    after their transforms, and ``sparse`` is the packed sparse batch
+    ``{"ids": [N], "offsets": [S * B + 1]}`` of every sparse feature (see
+    ``reckeras.ragged``) for ``rk.layers.ShardedEmbedding``. Each transform
+    kind (missing-value fill, log1p, standardize, bucketize, hash, cross,
+    sequence packing) runs as one vectorized op over all its features.
+
+    Args:
+        specs: list of ``rk.features`` specs (Numeric, Categorical, Sequence,
+            Cross) or their serialized configs.
+        **kwargs: base Layer arguments (``name``, ...).
+
+    Example:
+        >>> columns = rk.layers.FeatureColumns(
+        ...     [rk.features.Numeric("I1", transform="log1p"),
+        ...      rk.features.Categorical("C1", dim=16)])
+        >>> inputs = columns.inputs()
+        >>> dense, sparse = columns(inputs)
+    """
+
+    def __init__(self, specs, **kwargs):
+        super().__init__(**kwargs)
+        self.specs = [deserialize(s) for s in specs]
+        self.plan = TransformPlan(self.specs)
+        self.input_names = encoding.raw_columns(self.specs)
+        count = len(self.plan.numeric)
+        self.mean = self.add_weight(shape=(count,), initializer="zeros",
+                                    trainable=False, name="mean")
+        self.std = self.add_weight(shape=(count,), initializer="ones",
+                                   trainable=False, name="std")
+        self.adapted = self.add_weight(shape=(), initializer="zeros",
+                                       trainable=False, name="adapted")
+
+    # ---- declaration ---------------------------------------------------------
+
+    def inputs(self):
+        """A dict of ``keras.Input``, one per raw column, for the functional API."""
+        inputs = {}
+        for spec in self.specs:
+            if isinstance(spec, Numeric) or (
+                    isinstance(spec, Categorical) and spec.boundaries is not None):
+                inputs[spec.name] = keras.Input(shape=(), dtype="float32", name=spec.name)
+            elif isinstance(spec, Categorical):
+                inputs[spec.name] = keras.Input(shape=(), dtype="int64", name=spec.name)
+            elif isinstance(spec, Sequence):
+                inputs[spec.name] = keras.Input(shape=(spec.max_len,), dtype="int64",
+                                                name=spec.name)
+        return inputs
+
+    @property
+    def sparse_specs(self):
+        """Sparse specs in slot order (the order of the packed batch)."""
+        return self.plan.slots
+
+    @property
+    def needs_adapt(self):
+        return any(s.transform == "standardize" for s in self.plan.numeric) and \
+            not bool(self.adapted.numpy())
+
+    # ---- host side -----------------------------------------------------------
+
+    def encode(self, batch):
+        """Validates and encodes a raw batch into the numpy model inputs.
+
+        Args:
+            batch: pyarrow RecordBatch/Table or a dict of array-likes.
+
+        Returns:
+            dict of numpy arrays keyed by feature name.
+
+        Raises:
+            reckeras.features.FeatureInputError: naming the feature at fault.
+        """
+        return encoding.encode(self.specs, batch)
+
+    def adapt(self, batches):
+        """Computes mean and std of the ``standardize`` features.
+
+        Args:
+            batches: an iterable of raw batches (RecordBatch, Table or dict).
+        """
+        columns = [s for s in self.plan.numeric if s.transform == "standardize"]
+        if not columns:
+            return
+        count = 0
+        total = np.zeros(len(self.plan.numeric))
+        squares = np.zeros(len(self.plan.numeric))
+        defaults = self.plan.numeric_default.numpy().astype(np.float64)
+        for batch in batches:
+            inputs = self.encode(batch)
+            x = np.stack([inputs[s.name] for s in self.plan.numeric], axis=1)
+            x = np.where(np.isnan(x), defaults, x.astype(np.float64))
+            count += len(x)
+            total += x.sum(axis=0)
+            squares += (x * x).sum(axis=0)
+        if count == 0:
+            raise ValueError("adapt() received no data")
+        mean = total / count
+        std = np.sqrt(np.maximum(squares / count - mean * mean, 0.0))
+        self.mean.assign(mean.astype(np.float32))
+        self.std.assign(np.where(std > 0, std, 1.0).astype(np.float32))
+        self.adapted.assign(1.0)
+
+    # ---- graph ---------------------------------------------------------------
+
+    def call(self, inputs):
+        missing = [name for name in self.input_names if name not in inputs]
+        if missing:
+            raise encoding.FeatureInputError(f"missing input(s) for feature(s) {missing}")
+        inputs = {name: torch.as_tensor(inputs[name]) for name in self.input_names}
+        if self.plan.numeric:
+            dense = self.plan.dense(inputs, self.mean.value, self.std.value)
+        else:
+            any_input = next(iter(inputs.values()))
+            dense = torch.zeros(any_input.shape[0], 0, device=any_input.device)
+        sparse = self.plan.packed_sparse(inputs) if self.plan.slots else None
+        return dense, sparse
+
+    def compute_output_spec(self, inputs):
+        batch = next(iter(inputs.values())).shape[0]
+        dense = keras.KerasTensor((batch, len(self.plan.numeric)), dtype="float32")
+        sparse = {"ids": keras.KerasTensor((None,), dtype="int64"),
+                  "offsets": keras.KerasTensor((None,), dtype="int64")} \
+            if self.plan.slots else None
+        return dense, sparse
+
+    def get_config(self):
+        return {**super().get_config(), "specs": [serialize(s) for s in self.specs]}

@@ -1,0 +1,70 @@
+"""Batches for fit/evaluate/predict: raw data -> encoded torch tensors.
+
+Accepted data: a reckeras dataset (anything with ``batches`` and ``label``),
+a pyarrow Table, or a dict of array-likes (with the labels in ``y`` or in a
+``label`` column). Every batch is encoded and validated by the model's
+FeatureColumns before it reaches the model.
+"""
+
+import numpy as np
+import pyarrow as pa
+import torch
+from keras.src.backend.torch.core import get_device
+
+from reckeras.features.encode import FeatureInputError, as_table
+
+
+class InMemoryData:
+    """A pyarrow Table served in batches, with an optional label column."""
+
+    def __init__(self, table, label):
+        self.table = table
+        self.label = label
+        self.num_rows = table.num_rows
+
+    def num_batches(self, batch_size, drop_remainder=False):
+        full, rest = divmod(self.num_rows, batch_size)
+        return full + (1 if rest and not drop_remainder else 0)
+
+    def batches(self, batch_size, *, shuffle=False, seed=0, drop_remainder=False):
+        table = self.table
+        if shuffle:
+            order = np.random.default_rng(seed).permutation(self.num_rows)
+            table = table.take(pa.array(order))
+        for start in range(0, self.num_rows, batch_size):
+            if drop_remainder and start + batch_size > self.num_rows:
+                return
+            yield table.slice(start, batch_size)
+
+
+def as_data(x, y=None, label="label"):
+    """Wraps ``x`` (and ``y``) into something with ``batches``/``num_batches``."""
+    if hasattr(x, "batches") and hasattr(x, "num_batches"):
+        if y is not None:
+            raise ValueError("y must be None when x is a dataset (labels are a column)")
+        return x
+    table = as_table(x)
+    if y is not None:
+        y = np.asarray(y, dtype=np.float32).reshape(table.num_rows, -1)
+        column = pa.array(y[:, 0]) if y.shape[1] == 1 else \
+            pa.FixedSizeListArray.from_arrays(pa.array(y.reshape(-1)), y.shape[1])
+        table = table.append_column("__label__", column)
+        label = "__label__"
+    return InMemoryData(table, label if label in table.column_names else None)
+
+
+def to_tensors(columns, batch, label, with_label):
+    """``(inputs, y)`` torch tensors of one raw batch."""
+    inputs = {name: torch.from_numpy(np.require(value, requirements="W")).to(get_device())
+              for name, value in columns.encode(batch).items()}
+    if not with_label:
+        return inputs, None
+    if label is None or label not in batch.column_names:
+        raise FeatureInputError(f"the batch has no label column {label!r}")
+    column = batch.column(label)
+    if column.null_count:
+        raise FeatureInputError(f"label column {label!r} has missing values")
+    y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+    if not np.isfinite(y).all():
+        raise FeatureInputError(f"label column {label!r} has NaN or inf")
+    return inputs, torch.from_numpy(y).to(get_device())

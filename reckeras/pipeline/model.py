@@ -1,0 +1,259 @@
+"""rk.Model: a keras.Model whose fit/evaluate/predict read reckeras data."""
+
+import time
+
+import keras
+import numpy as np
+import torch
+from keras.src.saving import serialization_lib
+from keras.src.trainers.data_adapters import data_adapter_utils
+from tqdm.auto import tqdm
+
+from reckeras import optimizers as sparse_optimizers
+from reckeras.layers.feature_columns import FeatureColumns
+from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.pipeline.batches import as_data, to_tensors
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class Model(keras.Model):
+    """A Keras functional model over ``rk.layers.FeatureColumns`` inputs.
+
+    Built like ``keras.Model(inputs, outputs)``. Its ``fit``, ``evaluate`` and
+    ``predict`` take reckeras datasets (``rk.datasets.load(...)``), pyarrow
+    tables or dicts of arrays; every batch is validated and encoded by the
+    model's FeatureColumns (a bad batch raises, naming the feature, before any
+    weight or table row changes). Embedding tables are trained by the
+    ``embedding_optimizer`` given to ``compile``, inside the backward pass;
+    the dense weights by Keras's ``optimizer``.
+
+    Example:
+        >>> model = rk.Model(inputs, out)
+        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
+        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
+        ...               metrics=[rk.metrics.AUC()])
+        >>> model.fit(rk.datasets.load("criteo_synth"), batch_size=4096)
+    """
+
+    # ---- structure -------------------------------------------------------------
+
+    def _layers_of(self, kind):
+        return [layer for layer in self._flatten_layers(include_self=False)
+                if isinstance(layer, kind)]
+
+    @property
+    def feature_columns(self):
+        """The model's FeatureColumns layer."""
+        found = self._layers_of(FeatureColumns)
+        if len(found) != 1:
+            raise ValueError(f"rk.Model needs exactly one FeatureColumns layer, "
+                             f"found {len(found)}")
+        return found[0]
+
+    @property
+    def embedding_layers(self):
+        return self._layers_of(ShardedEmbedding)
+
+    # ---- compile -----------------------------------------------------------------
+
+    def compile(self, optimizer="rmsprop", loss=None, embedding_optimizer=None, **kwargs):
+        """Configures training.
+
+        Args:
+            optimizer: Keras optimizer of the dense weights.
+            loss: Keras loss.
+            embedding_optimizer: a ``rk.optimizers`` sparse optimizer (or its
+                name) for the embedding tables. Required when the model has a
+                ShardedEmbedding layer.
+            **kwargs: other ``keras.Model.compile`` arguments (metrics, ...).
+        """
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        if embedding_optimizer is None and self.embedding_layers:
+            raise ValueError("the model has ShardedEmbedding tables: pass "
+                             "embedding_optimizer=rk.optimizers.RowWiseAdagrad(...) "
+                             "(or another rk.optimizers optimizer) to compile()")
+        self.embedding_optimizer = None if embedding_optimizer is None else \
+            sparse_optimizers.get(embedding_optimizer)
+        for layer in self.embedding_layers:
+            layer.engine.set_optimizer(self.embedding_optimizer)
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config and self.embedding_optimizer is not None:
+            config["embedding_optimizer"] = sparse_optimizers.serialize(
+                self.embedding_optimizer)
+        return config
+
+    def compile_from_config(self, config):
+        embedding_optimizer = config.pop("embedding_optimizer", None)
+        config = serialization_lib.deserialize_keras_object(config)
+        self.compile(embedding_optimizer=embedding_optimizer, **config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    # ---- steps ---------------------------------------------------------------------
+
+    def train_step(self, data):
+        # Keras's torch train_step skips backward when there is no trainable
+        # Keras weight; here backward also trains the tables, so it always runs.
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=True)
+        self.zero_grad()
+        loss = self._compute_loss(x=x, y=y, y_pred=y_pred,
+                                  sample_weight=sample_weight, training=True)
+        self._loss_tracker.update_state(loss, sample_weight=y.shape[0])
+        loss = self.optimizer.scale_loss(loss)
+        if loss.requires_grad:
+            loss.backward()
+        trainable = self.trainable_weights[:]
+        if trainable:
+            gradients = [v.value.grad for v in trainable]
+            with torch.no_grad():
+                self.optimizer.apply(gradients, trainable)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    # ---- loops -----------------------------------------------------------------------
+
+    def _batches(self, data, batch_size, with_label, shuffle=False, seed=0):
+        columns = self.feature_columns
+        for batch in data.batches(batch_size, shuffle=shuffle, seed=seed):
+            yield batch.num_rows, to_tensors(columns, batch, data.label, with_label)
+
+    def _adapt_if_needed(self, data, batch_size):
+        columns = self.feature_columns
+        if columns.needs_adapt:
+            columns.adapt(b for _, b in zip(range(64), data.batches(batch_size)))
+
+    def fit(self, x=None, y=None, batch_size=4096, epochs=1, verbose=1, callbacks=None,
+            validation_data=None, shuffle=True, seed=0, steps_per_epoch=None):
+        """Trains the model.
+
+        Args:
+            x: a reckeras dataset, a pyarrow Table or a dict of arrays.
+            y: labels when ``x`` is a dict/Table without a ``label`` column.
+            batch_size: examples per step.
+            epochs: passes over the data.
+            verbose: 0 silent, 1 a tqdm progress bar per epoch.
+            callbacks: Keras callbacks (History is always added).
+            validation_data: data evaluated after every epoch (``val_`` logs).
+            shuffle: reshuffle the batch order every epoch.
+            seed: seed of the shuffle (epoch ``e`` uses ``seed + e``).
+            steps_per_epoch: stop an epoch after this many steps.
+
+        Returns:
+            The ``keras.callbacks.History``.
+        """
+        if not self.compiled:
+            raise RuntimeError("compile() the model before fit()")
+        data = as_data(x, y)
+        self._adapt_if_needed(data, batch_size)
+        steps = data.num_batches(batch_size)
+        if steps_per_epoch is not None:
+            steps = min(steps, steps_per_epoch)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=False, model=self,
+            verbose=verbose, epochs=epochs, steps=steps)
+        self.stop_training = False
+        self.make_train_function()
+        callback_list.on_train_begin()
+        logs = {}
+        for epoch in range(epochs):
+            self.reset_metrics()
+            callback_list.on_epoch_begin(epoch)
+            bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
+                       disable=not verbose, leave=True)
+            examples, started = 0, time.perf_counter()
+            for step, (rows, (inputs, labels)) in enumerate(
+                    self._batches(data, batch_size, True, shuffle, seed + epoch)):
+                if step >= steps:
+                    break
+                callback_list.on_train_batch_begin(step)
+                logs = self.train_step((inputs, labels))
+                callback_list.on_train_batch_end(step, logs)
+                examples += rows
+                bar.update(1)
+                if step % 10 == 0 or step == steps - 1:
+                    rate = examples / (time.perf_counter() - started)
+                    bar.set_postfix(loss=f"{float(logs['loss']):.4f}",
+                                    ex_s=f"{rate:,.0f}")
+                if self.stop_training:
+                    break
+            bar.close()
+            epoch_logs = _python_logs(self._get_metrics_result_or_logs(logs))
+            if validation_data is not None:
+                val_logs = self.evaluate(validation_data, batch_size=batch_size,
+                                         verbose=0, return_dict=True)
+                epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            callback_list.on_epoch_end(epoch, epoch_logs)
+            if verbose:
+                tqdm.write(f"Epoch {epoch + 1}/{epochs}: " + "  ".join(
+                    f"{k}={v:.4f}" for k, v in epoch_logs.items()))
+            if self.stop_training:
+                break
+        callback_list.on_train_end(epoch_logs if epochs else {})
+        return self.history
+
+    def evaluate(self, x=None, y=None, batch_size=4096, verbose=1, return_dict=False,
+                 steps=None, callbacks=None):
+        """Loss and metrics on data, like ``keras.Model.evaluate``.
+
+        Args:
+            x, y: as in ``fit``.
+            batch_size: examples per step.
+            verbose: 0 silent, 1 a progress bar.
+            return_dict: return ``{name: value}`` instead of a list.
+            steps: stop after this many steps.
+            callbacks: Keras callbacks (test hooks are called).
+        """
+        data = as_data(x, y)
+        total = data.num_batches(batch_size)
+        total = total if steps is None else min(total, steps)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, model=self, verbose=verbose, epochs=1, steps=total)
+        self.reset_metrics()
+        callback_list.on_test_begin()
+        logs = {}
+        with torch.no_grad():
+            for step, (_, (inputs, labels)) in enumerate(tqdm(
+                    self._batches(data, batch_size, True), total=total,
+                    desc="Evaluate", unit="step", disable=not verbose)):
+                if step >= total:
+                    break
+                callback_list.on_test_batch_begin(step)
+                logs = self.test_step((inputs, labels))
+                callback_list.on_test_batch_end(step, logs)
+        logs = _python_logs(self._get_metrics_result_or_logs(logs))
+        callback_list.on_test_end(logs)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    def predict(self, x, batch_size=4096, verbose=0, steps=None, callbacks=None):
+        """Model outputs for every example of ``x``, as numpy.
+
+        Args:
+            x: a reckeras dataset, a pyarrow Table or a dict of arrays.
+            batch_size: examples per step.
+            verbose: 0 silent, 1 a progress bar.
+            steps: stop after this many steps.
+            callbacks: unused by reckeras; accepted for Keras compatibility.
+        """
+        data = as_data(x)
+        outputs = []
+        with torch.no_grad():
+            for step, (_, (inputs, _)) in enumerate(tqdm(
+                    self._batches(data, batch_size, False),
+                    total=data.num_batches(batch_size), desc="Predict", unit="step",
+                    disable=not verbose)):
+                if steps is not None and step >= steps:
+                    break
+                outputs.append(keras.ops.convert_to_numpy(self(inputs, training=False)))
+        if not outputs:
+            raise ValueError("predict() received no data")
+        return np.concatenate(outputs)
+
+
+def _python_logs(logs):
+    return {name: float(keras.ops.convert_to_numpy(value)) for name, value in logs.items()}
+
