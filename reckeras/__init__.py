@@ -9,6 +9,14 @@ from reckeras._backend import BackendError, select_torch_backend
 
 select_torch_backend()
 
+from reckeras import datasets  # noqa: E402
+from reckeras import features  # noqa: E402
+from reckeras import layers  # noqa: E402
+from reckeras import metrics  # noqa: E402
+from reckeras import models  # noqa: E402
+from reckeras import optimizers  # noqa: E402
+from reckeras.pipeline.model import Model  # noqa: E402
+
 
 __version__ = "0.1.0"
 

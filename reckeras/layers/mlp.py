@@ -1,0 +1,136 @@
+"""A multilayer perceptron as a single Keras layer."""
+
+import numbers
+
+import keras
+
+_NORM_LAYERS = {
+    "batch": keras.layers.BatchNormalization,
+    "layer": keras.layers.LayerNormalization,
+}
+
+
+def _resolve_activation(argument, identifier):
+    try:
+        return keras.activations.get(identifier)
+    except ValueError:
+        raise ValueError(
+            f"MLP got an unknown {argument}={identifier!r}; pass a name from "
+            f"keras.activations (e.g. 'relu'), a callable or None.") from None
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class MLP(keras.layers.Layer):
+    """A stack of `Dense` layers, as in the towers of DLRM and DCN.
+
+    Each hidden layer is `Dense` (no activation), then the optional
+    normalization, then `activation`, then dropout. The last layer is a
+    `Dense` with `output_activation` and no normalization or dropout.
+
+    Args:
+        units: list of positive ints, the width of each layer; the last one is
+            the output width.
+        activation: activation of the hidden layers, anything
+            `keras.activations.get` accepts.
+        output_activation: activation of the last layer; `None` is linear.
+        dropout: dropout rate in [0, 1) after each hidden activation, applied
+            only in training.
+        norm: `None`, `"batch"` (`BatchNormalization`) or `"layer"`
+            (`LayerNormalization`), applied to each hidden layer before its
+            activation.
+        use_bias: whether the `Dense` layers have a bias.
+        kernel_initializer: initializer of the `Dense` kernels.
+        **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
+
+    Example:
+
+    ```python
+    dense = keras.Input(shape=(13,))
+    x = rk.layers.MLP([512, 256, 16])(dense)                  # [B, 16]
+    out = rk.layers.MLP([64, 1], output_activation="sigmoid",
+                        dropout=0.1, norm="layer")(x)         # [B, 1]
+    ```
+    """
+
+    def __init__(self, units, activation="relu", output_activation=None,
+                 dropout=0.0, norm=None, use_bias=True,
+                 kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if (not isinstance(units, (list, tuple)) or not units
+                or not all(isinstance(u, numbers.Integral)
+                           and not isinstance(u, bool) and u > 0
+                           for u in units)):
+            raise ValueError(
+                f"MLP units must be a non-empty list of positive ints, e.g. "
+                f"[256, 1]; got {units!r}.")
+        if (not isinstance(dropout, numbers.Real)
+                or isinstance(dropout, bool) or not 0.0 <= dropout < 1.0):
+            raise ValueError(
+                f"MLP dropout must be a rate in [0, 1); got {dropout!r}.")
+        if norm is not None and norm not in _NORM_LAYERS:
+            raise ValueError(
+                f"MLP norm must be None, 'batch' or 'layer'; got {norm!r}.")
+        self.units = [int(u) for u in units]
+        self.activation = _resolve_activation("activation", activation)
+        self.output_activation = _resolve_activation(
+            "output_activation", output_activation)
+        self.dropout = float(dropout)
+        self.norm = norm
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+        self._stack = []
+        for width in self.units[:-1]:
+            self._stack.append(keras.layers.Dense(
+                width, use_bias=use_bias,
+                kernel_initializer=self._new_kernel_initializer(),
+                dtype=self.dtype_policy))
+            if norm is not None:
+                self._stack.append(
+                    _NORM_LAYERS[norm](dtype=self.dtype_policy))
+            self._stack.append(keras.layers.Activation(
+                self.activation, dtype=self.dtype_policy))
+            if self.dropout > 0.0:
+                self._stack.append(keras.layers.Dropout(
+                    self.dropout, dtype=self.dtype_policy))
+        self._stack.append(keras.layers.Dense(
+            self.units[-1], activation=self.output_activation,
+            use_bias=use_bias,
+            kernel_initializer=self._new_kernel_initializer(),
+            dtype=self.dtype_policy))
+
+    def _new_kernel_initializer(self):
+        # An unseeded Keras initializer fixes its seed when it is created, so
+        # one shared instance would give equal-shaped layers equal kernels.
+        return keras.initializers.get(
+            keras.initializers.serialize(self.kernel_initializer))
+
+    def build(self, input_shape):
+        shape = tuple(input_shape)
+        for layer in self._stack:
+            layer.build(shape)
+            shape = layer.compute_output_shape(shape)
+
+    def call(self, inputs, training=None):
+        x = inputs
+        for layer in self._stack:
+            x = layer(x, training=training)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)[:-1] + (self.units[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "units": list(self.units),
+            "activation": keras.activations.serialize(self.activation),
+            "output_activation":
+                keras.activations.serialize(self.output_activation),
+            "dropout": self.dropout,
+            "norm": self.norm,
+            "use_bias": self.use_bias,
+            "kernel_initializer":
+                keras.initializers.serialize(self.kernel_initializer),
+        })
+        return config

@@ -1,0 +1,188 @@
+"""Metrics for recommender training."""
+
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+import torch
+from keras.src.backend import in_stateless_scope
+
+
+@dataclass(frozen=True)
+class _SortedRun:
+    """Examples compacted to their distinct scores, in ascending order.
+
+    ``cum_positive[k]`` and ``cum_negative[k]`` are the total positive and
+    negative weight of the scores below ``scores[k]``; both hold one more entry
+    than ``scores``, so the last one is the run's total.
+    """
+
+    scores: torch.Tensor
+    cum_positive: torch.Tensor
+    cum_negative: torch.Tensor
+
+    @classmethod
+    def from_weights(cls, scores, positive, negative):
+        distinct, group = torch.unique(scores, sorted=True, return_inverse=True)
+        zeros = torch.zeros(distinct.numel() + 1, dtype=torch.float64)
+        cum_positive = zeros.index_add(0, group + 1, positive).cumsum_(0)
+        cum_negative = zeros.index_add(0, group + 1, negative).cumsum_(0)
+        return cls(distinct, cum_positive, cum_negative)
+
+    @property
+    def positive(self):
+        return self.cum_positive.diff()
+
+    @property
+    def negative(self):
+        return self.cum_negative.diff()
+
+    def __len__(self):
+        return self.scores.numel()
+
+    def ordered_pairs_within(self):
+        """Weight of (positive, negative) pairs ranked right, ties as 1/2."""
+        return float(
+            self.positive @ (self.cum_negative[:-1] + 0.5 * self.negative))
+
+    def ordered_pairs_across(self, other):
+        """Weight of pairs with one example here and one in ``other``."""
+        low = torch.searchsorted(other.scores, self.scores, side="left")
+        high = torch.searchsorted(other.scores, self.scores, side="right")
+        negative_below = other.cum_negative[low]
+        negative_tied = other.cum_negative[high] - negative_below
+        positive_above = other.cum_positive[-1] - other.cum_positive[high]
+        positive_tied = other.cum_positive[high] - other.cum_positive[low]
+        return float(
+            self.positive @ (negative_below + 0.5 * negative_tied)
+            + self.negative @ (positive_above + 0.5 * positive_tied))
+
+    def merged(self, other):
+        return _SortedRun.from_weights(
+            torch.cat([self.scores, other.scores]),
+            torch.cat([self.positive, other.positive]),
+            torch.cat([self.negative, other.negative]))
+
+
+def _as_cpu_float64(values):
+    if isinstance(values, torch.Tensor):
+        return values.detach().to(device="cpu", dtype=torch.float64)
+    return torch.as_tensor(np.asarray(values), dtype=torch.float64)
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class AUC(keras.metrics.Metric):
+    """Exact area under the ROC curve, accumulated over batches.
+
+    Unlike `keras.metrics.AUC`, which buckets scores into a fixed number of
+    thresholds, this metric ranks every score it has seen: the result is the
+    weighted Mann-Whitney statistic, the probability that a random positive
+    scores above a random negative, with tied scores counting 1/2 and each
+    pair weighted by the product of its two sample weights.
+
+    Each batch is compacted to its distinct scores and ranked against the
+    batches seen before it when it arrives, so `result()`, which Keras calls
+    after every step, costs nothing. Memory grows with the number of distinct
+    scores seen (24 bytes each, on the host) until `reset_state()`.
+
+    Labels must be 0 or 1, scores must not be NaN, and sample weights must be
+    finite and non-negative; anything else raises `ValueError`. Until both a
+    positive and a negative have been seen (with non-zero weight), the result
+    is 0.0, as for `keras.metrics.AUC`.
+
+    Args:
+        name: name of the metric.
+        dtype: dtype of the result.
+
+    Example:
+
+    ```python
+    auc = rk.metrics.AUC()
+    auc.update_state([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
+    float(auc.result())  # 0.75
+
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  metrics=[rk.metrics.AUC()])
+    ```
+    """
+
+    def __init__(self, name="auc", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.reset_state()
+
+    def reset_state(self):
+        # Each run is more than twice as long as the next, so there are at
+        # most log2(distinct scores) of them.
+        self._runs = []
+        self._ordered_pairs = 0.0
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        # Keras traces metrics on placeholder tensors inside a stateless scope
+        # to build them; that pass must not count as data.
+        if in_stateless_scope():
+            return
+        scores = _as_cpu_float64(y_pred)
+        labels = _as_cpu_float64(y_true)
+        if labels.numel() != scores.numel():
+            raise ValueError(
+                f"AUC needs one label per score; got y_true of shape "
+                f"{tuple(labels.shape)} and y_pred of shape "
+                f"{tuple(scores.shape)}.")
+        if sample_weight is None:
+            weights = torch.ones_like(scores)
+        else:
+            weights = self._broadcast_weights(
+                _as_cpu_float64(sample_weight), scores.shape)
+        scores, labels, weights = (
+            scores.reshape(-1), labels.reshape(-1), weights.reshape(-1))
+        if scores.numel() == 0:
+            return
+        self._check_values(labels, scores, weights)
+
+        run = _SortedRun.from_weights(
+            scores, weights * labels, weights * (1.0 - labels))
+        self._ordered_pairs += run.ordered_pairs_within() + sum(
+            run.ordered_pairs_across(earlier) for earlier in self._runs)
+        self._runs.append(run)
+        while (len(self._runs) > 1
+               and len(self._runs[-2]) <= 2 * len(self._runs[-1])):
+            last = self._runs.pop()
+            self._runs.append(self._runs.pop().merged(last))
+
+    @staticmethod
+    def _broadcast_weights(weights, score_shape):
+        if weights.numel() == score_shape.numel():
+            return weights
+        # Per-example weights of shape [B] apply to every score of a [B, k]
+        # prediction, as in Keras's own metrics.
+        trailing = (1,) * max(len(score_shape) - weights.dim(), 0)
+        try:
+            return torch.broadcast_to(
+                weights.reshape(weights.shape + trailing), score_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"AUC cannot apply sample_weight of shape "
+                f"{tuple(weights.shape)} to y_pred of shape "
+                f"{tuple(score_shape)}.") from None
+
+    @staticmethod
+    def _check_values(labels, scores, weights):
+        if not torch.all((labels == 0) | (labels == 1)):
+            bad = labels[(labels != 0) & (labels != 1)][0].item()
+            raise ValueError(f"AUC labels must be 0 or 1; got {bad}.")
+        if torch.isnan(scores).any():
+            raise ValueError("AUC got a NaN score.")
+        if not torch.all(torch.isfinite(weights) & (weights >= 0)):
+            bad = weights[~(torch.isfinite(weights) & (weights >= 0))][0]
+            raise ValueError(
+                f"AUC sample weights must be finite and non-negative; got "
+                f"{bad.item()}.")
+
+    def result(self):
+        positive = sum(float(run.cum_positive[-1]) for run in self._runs)
+        negative = sum(float(run.cum_negative[-1]) for run in self._runs)
+        if positive > 0 and negative > 0:
+            auc = self._ordered_pairs / (positive * negative)
+        else:
+            auc = 0.0
+        return keras.ops.convert_to_tensor(auc, dtype=self.dtype)

@@ -1,0 +1,48 @@
+"""DLRM (Naumov et al., 2019) built from reckeras's public layers."""
+
+from reckeras.layers.interactions import DotInteraction
+from reckeras.layers.mlp import MLP
+from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.pipeline.model import Model
+
+
+def dlrm(columns, bottom_units=(512, 256, 16), top_units=(512, 256, 1),
+         self_interaction=False, output_activation="sigmoid"):
+    """An uncompiled DLRM over ``columns``.
+
+    Dense features go through the bottom MLP, whose output joins the pooled
+    embeddings of every sparse feature in a pairwise dot interaction; the top
+    MLP maps the interaction (with the bottom output) to the prediction.
+
+    Args:
+        columns: a ``rk.layers.FeatureColumns`` with at least one numeric
+            feature and sparse features of one dim.
+        bottom_units: widths of the bottom MLP; the last must equal the
+            embedding dim.
+        top_units: widths of the top MLP; the last is the output width.
+        self_interaction: include each vector's dot with itself.
+        output_activation: activation of the last top layer.
+
+    Returns:
+        An ``rk.Model``.
+
+    Example:
+        >>> model = rk.models.dlrm(columns)
+        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
+        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    """
+    dims = {spec.dim for spec in columns.sparse_specs}
+    if len(dims) != 1:
+        raise ValueError(f"dlrm needs sparse features of one dim, got dims {sorted(dims)}")
+    if not columns.plan.numeric:
+        raise ValueError("dlrm needs at least one Numeric feature for the bottom MLP")
+    if bottom_units[-1] != next(iter(dims)):
+        raise ValueError(f"the last bottom unit ({bottom_units[-1]}) must equal the "
+                         f"embedding dim ({next(iter(dims))})")
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedded = ShardedEmbedding(columns)(sparse)
+    bottom = MLP(list(bottom_units))(dense)
+    interaction = DotInteraction(self_interaction=self_interaction)([bottom, embedded])
+    output = MLP(list(top_units), output_activation=output_activation)(interaction)
+    return Model(inputs, output, name="dlrm")

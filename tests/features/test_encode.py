@@ -1,0 +1,76 @@
+"""Host-side encoding and its errors."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import reckeras as rk
+from reckeras.backend_kernels.hashing import hash_strings
+from reckeras.features.encode import FeatureInputError, encode
+
+SPECS = [rk.features.Numeric("n", default=2.0),
+         rk.features.Categorical("c", dim=4),
+         rk.features.Categorical("s", dim=4, dtype="string"),
+         rk.features.Categorical("b", dim=4, boundaries=[0.0]),
+         rk.features.Sequence("q", dim=4, max_len=3)]
+
+
+def batch(**overrides):
+    columns = {"n": pa.array([1.5, None, 3.0]),
+               "c": pa.array([7, None, 0], pa.int64()),
+               "s": pa.array(["a", None, "é1"]),
+               "b": pa.array([None, -1.0, 2.0]),
+               "q": pa.array([[1, 2, 3, 4, 5], [], None], pa.list_(pa.int64()))}
+    columns.update(overrides)
+    return pa.table(columns)
+
+
+def string_hash(text):
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    return int(hash_strings(data, np.array([0, len(data)]))[0])
+
+
+def test_encode_values():
+    out = encode(SPECS, batch())
+    np.testing.assert_array_equal(out["n"], np.array([1.5, np.nan, 3.0], np.float32))
+    assert out["c"].tolist() == [7, -1, 0]
+    assert out["s"].tolist() == [string_hash("a"), -1, string_hash("é1")]
+    assert np.isnan(out["b"][0]) and out["b"][1:].tolist() == [-1.0, 2.0]
+    # Longer sequences keep their last max_len ids; padding is -1.
+    assert out["q"].tolist() == [[3, 4, 5], [-1, -1, -1], [-1, -1, -1]]
+
+
+def test_string_hash_is_fnv1a_then_mix():
+    # FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (published test vector).
+    from reckeras.backend_kernels.hashing import mix64_numpy, INT64_MAX
+    fnv = np.array([0xAF63DC4C8601EC8C], dtype=np.uint64)
+    assert string_hash("a") == int(mix64_numpy(fnv)[0] & INT64_MAX)
+    assert string_hash("a") >= 0
+
+
+def test_dict_input_and_padded_sequences():
+    out = encode(SPECS, {"n": [1.0], "c": [3], "s": ["x"], "b": [0.5],
+                         "q": np.array([[9, -1]])})
+    assert out["q"].tolist() == [[9, -1, -1]]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"c": pa.array([1, -5, 2], pa.int64())}, "feature 'c': negative id -5"),
+    ({"c": pa.array(["1", "2", "3"])}, "feature 'c' is declared int64 but the column holds strings"),
+    ({"s": pa.array([1, 2, 3])}, "feature 's' is declared string"),
+    ({"n": pa.array(["x", "y", "z"])}, "feature 'n': expected a numeric column"),
+    ({"n": pa.array([1.0, np.inf, 0.0])}, "feature 'n': column holds \\+-inf"),
+    ({"q": pa.array([1, 2, 3])}, "feature 'q': expected a list column"),
+    ({"q": pa.array([[1, None], [], []], pa.list_(pa.int64()))}, "feature 'q': null inside"),
+    ({"q": pa.array([[1, -3], [], []], pa.list_(pa.int64()))}, "feature 'q': negative id"),
+])
+def test_bad_input_names_the_feature(overrides, message):
+    with pytest.raises(FeatureInputError, match=message):
+        encode(SPECS, batch(**overrides))
+
+
+def test_missing_column_and_empty_batch():
+    with pytest.raises(FeatureInputError, match="feature 'c': the batch has no column 'c'"):
+        encode(SPECS, batch().drop(["c"]))
+    with pytest.raises(FeatureInputError, match="empty batch"):
+        encode(SPECS, batch().slice(0, 0))

@@ -1,0 +1,115 @@
+import numpy as np
+import pytest
+
+import reckeras  # noqa: F401  (selects the torch backend before keras)
+import keras
+
+from reckeras.layers.mlp import MLP
+
+
+def _numpy(tensor):
+    return keras.ops.convert_to_numpy(tensor)
+
+
+def _inputs(batch=5, dim=6, seed=0):
+    return np.random.default_rng(seed).normal(size=(batch, dim)).astype(
+        "float32")
+
+
+def test_output_shape():
+    layer = MLP([8, 4, 3])
+    assert layer(_inputs()).shape == (5, 3)
+    assert layer.compute_output_shape((None, 6)) == (None, 3)
+    assert MLP([2])(np.zeros((2, 7, 6), "float32")).shape == (2, 7, 2)
+
+
+def test_equals_numpy_forward():
+    x = _inputs()
+    layer = MLP([8, 4, 1], activation="tanh", output_activation="sigmoid")
+    out = _numpy(layer(x))
+    weights = [_numpy(w) for w in layer.weights]
+    assert len(weights) == 6
+    h = np.tanh(x @ weights[0] + weights[1])
+    h = np.tanh(h @ weights[2] + weights[3])
+    expected = 1 / (1 + np.exp(-(h @ weights[4] + weights[5])))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_hidden_layers_get_distinct_kernels():
+    layer = MLP([6, 6, 6],
+                kernel_initializer=keras.initializers.GlorotUniform())
+    layer.build((None, 6))
+    kernels = [_numpy(w) for w in layer.weights if len(w.shape) == 2]
+    assert len(kernels) == 3
+    assert not np.allclose(kernels[0], kernels[1])
+
+
+# 3 Dense layers (kernel, bias) plus, on each of the 2 hidden layers,
+# gamma, beta and for batch norm the moving mean and variance.
+@pytest.mark.parametrize("norm, weight_count", [("batch", 6 + 2 * 4),
+                                                ("layer", 6 + 2 * 2)])
+def test_norm_variants_build_and_run(norm, weight_count):
+    layer = MLP([8, 4, 2], norm=norm)
+    x = _inputs()
+    assert layer(x, training=True).shape == (5, 2)
+    assert len(layer.weights) == weight_count
+    assert np.all(np.isfinite(_numpy(layer(x, training=False))))
+
+
+def test_dropout_only_in_training():
+    x = _inputs(batch=64, dim=16)
+    layer = MLP([256, 4], dropout=0.5)
+    reference = MLP([256, 4])
+    reference.build(x.shape)
+    layer.build(x.shape)
+    reference.set_weights(layer.get_weights())
+    inference = _numpy(layer(x, training=False))
+    np.testing.assert_allclose(inference, _numpy(reference(x)), rtol=1e-5)
+    np.testing.assert_allclose(inference, _numpy(layer(x)), rtol=1e-5)
+    assert not np.allclose(_numpy(layer(x, training=True)), inference)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(units=[]), "units"),
+    (dict(units=4), "units"),
+    (dict(units=[4, 0]), "units"),
+    (dict(units=[4, 2.5]), "units"),
+    (dict(units=[True]), "units"),
+    (dict(units=[4], dropout=1.0), "dropout"),
+    (dict(units=[4], dropout=-0.1), "dropout"),
+    (dict(units=[4], norm="group"), "norm"),
+    (dict(units=[4], activation="nope"), "activation='nope'"),
+    (dict(units=[4], output_activation="nope"), "output_activation"),
+])
+def test_invalid_arguments_raise(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MLP(**kwargs)
+
+
+def test_config_round_trip():
+    layer = MLP([8, 1], activation="gelu", output_activation="sigmoid",
+                dropout=0.25, norm="layer", use_bias=False,
+                kernel_initializer="he_normal", name="tower")
+    clone = MLP.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    x = _inputs()
+    layer.build(x.shape)
+    clone.build(x.shape)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(_numpy(clone(x)), _numpy(layer(x)), rtol=1e-6)
+
+
+def test_functional_model_save_load(tmp_path):
+    inputs = keras.Input((6,))
+    outputs = MLP([8, 4, 1], norm="batch", dropout=0.1,
+                  output_activation="sigmoid")(inputs)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    x = _inputs(batch=32)
+    model.fit(x, (x[:, 0] > 0).astype("float32"), epochs=1, verbose=0)
+    expected = model.predict(x, verbose=0)
+
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected,
+                               rtol=1e-6)
