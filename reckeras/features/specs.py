@@ -183,7 +183,8 @@ class Cross(FeatureSpec):
 
     Args:
         names: the Categorical features crossed (declared in the same
-            FeatureColumns).
+            FeatureColumns). The cross combines their ids before their own
+            ``hash_buckets``, with ``hashing.hash_combine``.
         dim: embedding dimension.
         hash_buckets: number of hash buckets of the crossed id.
         name: feature name; defaults to ``"_x_".join(names)``.

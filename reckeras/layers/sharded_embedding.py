@@ -47,10 +47,10 @@ class ShardedEmbedding(keras.layers.Layer):
         specs = columns.specs if hasattr(columns, "specs") else \
             [deserialize(s) for s in columns]
         specs = [s for s in specs if s.sparse]
+        if not specs:
+            raise ValueError("ShardedEmbedding needs at least one sparse feature")
         self.specs = specs
         plan = TransformPlan(specs)
-        if not plan.slots:
-            raise ValueError("ShardedEmbedding needs at least one sparse feature")
         if output not in OUTPUT_MODES:
             raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}")
         self.packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order)

@@ -64,7 +64,13 @@ def to_tensors(columns, batch, label, with_label):
     column = batch.column(label)
     if column.null_count:
         raise FeatureInputError(f"label column {label!r} has missing values")
-    y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        y = np.asarray(column.flatten().to_numpy(zero_copy_only=False), np.float32)
+        y = y.reshape(-1, column.type.list_size)
+    else:
+        y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
     if not np.isfinite(y).all():
         raise FeatureInputError(f"label column {label!r} has NaN or inf")
-    return inputs, torch.from_numpy(y).to(get_device())
+    return inputs, torch.from_numpy(np.require(y, requirements="W")).to(get_device())

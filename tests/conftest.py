@@ -1,0 +1,3 @@
+# reckeras selects Keras's torch backend; import it before any test module
+# imports keras (Keras reads its backend once, at first import).
+import reckeras  # noqa: F401

@@ -1,0 +1,103 @@
+"""Engine lookups and sparse updates against plain numpy."""
+
+import numpy as np
+import torch
+
+import reckeras as rk
+from reckeras.backend_kernels.hashing import mix64
+from reckeras.embedding.engine import EmbeddingEngine
+from reckeras.embedding.packing import PackingPlan, table_salt
+from reckeras.features.plan import TransformPlan
+
+
+def make_engine(specs, optimizer=None):
+    plan = TransformPlan(specs)
+    engine = EmbeddingEngine(PackingPlan(plan.slots, plan.sparse_in_declaration_order))
+    engine.set_optimizer(optimizer or rk.optimizers.SGD(1.0))
+    return plan, engine
+
+
+def row_of(engine, table, raw_id):
+    key = mix64(torch.tensor([raw_id])) ^ table_salt(table)
+    row = engine.tables[0].find(key)
+    return engine.tables[0].weights[row[0]].clone()
+
+
+def test_pooling_combiners_and_layout():
+    specs = [rk.features.Categorical("c", dim=3),
+             rk.features.Sequence("s", dim=3, max_len=4, combiner="mean", table="t"),
+             rk.features.Sequence("q", dim=3, max_len=4, combiner="sqrtn", table="t")]
+    plan, engine = make_engine(specs)
+    inputs = {"c": torch.tensor([1, 2]),
+              "s": torch.tensor([[5, 6, 5, -1], [-1, -1, -1, -1]]),
+              "q": torch.tensor([[6, -1, -1, -1], [5, 6, 7, 8]])}
+    packed = plan.packed_sparse(inputs)
+    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0]
+    assert out.shape == (2, 3, 3)
+    w = {(t, i): row_of(engine, t, i) for t, i in
+         [("c", 1), ("c", 2), ("t", 5), ("t", 6), ("t", 7), ("t", 8)]}
+    expected = torch.stack([
+        torch.stack([w["c", 1], (2 * w["t", 5] + w["t", 6]) / 3, w["t", 6]]),
+        torch.stack([w["c", 2], torch.zeros(3),
+                     (w["t", 5] + w["t", 6] + w["t", 7] + w["t", 8]) / 2])])
+    torch.testing.assert_close(out, expected)
+    # Tables sharing rows: "s" and "q" both read table "t"; "c" is its own.
+    assert engine.tables[0].num_rows == 6
+
+
+def test_backward_updates_touched_rows_only():
+    specs = [rk.features.Categorical("a", dim=2), rk.features.Categorical("b", dim=2)]
+    plan, engine = make_engine(specs, rk.optimizers.SGD(0.5))
+    warm = plan.packed_sparse({"a": torch.tensor([1, 2, 3]), "b": torch.tensor([1, 1, 1])})
+    engine.lookup(warm["ids"], warm["offsets"], training=True)
+    before = engine.tables[0].weights[:engine.tables[0].num_rows].clone()
+    packed = plan.packed_sparse({"a": torch.tensor([1, 1]), "b": torch.tensor([1, 1])})
+    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0]
+    grad = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[10.0, 20.0], [30.0, 40.0]]])
+    (out * grad).sum().backward()
+    after = engine.tables[0].weights[:engine.tables[0].num_rows]
+    row_a1 = engine.tables[0].find(mix64(torch.tensor([1])) ^ table_salt("a"))[0]
+    row_b1 = engine.tables[0].find(mix64(torch.tensor([1])) ^ table_salt("b"))[0]
+    torch.testing.assert_close(after[row_a1], before[row_a1] - 0.5 * torch.tensor([11.0, 22.0]))
+    torch.testing.assert_close(after[row_b1], before[row_b1] - 0.5 * torch.tensor([33.0, 44.0]))
+    untouched = [r for r in range(len(before)) if r not in (row_a1, row_b1)]
+    torch.testing.assert_close(after[untouched], before[untouched])
+
+
+def test_rowwise_adagrad_math():
+    specs = [rk.features.Categorical("a", dim=2)]
+    optimizer = rk.optimizers.RowWiseAdagrad(0.1, epsilon=1e-8, initial_accumulator_value=0.5)
+    plan, engine = make_engine(specs, optimizer)
+    packed = plan.packed_sparse({"a": torch.tensor([4, 4, 9])})
+    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0]
+    start = engine.tables[0].weights[:2].clone()
+    out[:, 0, :].backward(torch.tensor([[1.0, 3.0], [1.0, 1.0], [0.0, 2.0]]))
+    row4 = engine.tables[0].find(mix64(torch.tensor([4])) ^ table_salt("a"))[0]
+    g = np.array([2.0, 4.0])
+    s = 0.5 + np.mean(g * g)
+    expected = start[row4].numpy() - 0.1 * g / (np.sqrt(s) + 1e-8)
+    np.testing.assert_allclose(engine.tables[0].weights[row4].numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(engine.tables[0].state[row4, 0].item(), s, rtol=1e-6)
+
+
+def test_eval_reads_zeros_for_unseen_and_creates_nothing():
+    specs = [rk.features.Categorical("a", dim=2)]
+    plan, engine = make_engine(specs)
+    seen = plan.packed_sparse({"a": torch.tensor([1])})
+    engine.lookup(seen["ids"], seen["offsets"], training=True)
+    packed = plan.packed_sparse({"a": torch.tensor([1, 77])})
+    out = engine.lookup(packed["ids"], packed["offsets"], training=False)[0]
+    assert engine.tables[0].num_rows == 1
+    torch.testing.assert_close(out[1, 0], torch.zeros(2))
+    torch.testing.assert_close(out[0, 0], row_of(engine, "a", 1))
+
+
+def test_tables_of_different_dims_are_separate_physical_tables():
+    specs = [rk.features.Categorical("a", dim=2), rk.features.Categorical("b", dim=5),
+             rk.features.Categorical("c", dim=2)]
+    plan, engine = make_engine(specs)
+    assert [t.dim for t in engine.tables] == [2, 5]
+    packed = plan.packed_sparse({k: torch.tensor([1, 2, 3]) for k in "abc"})
+    small, large = engine.lookup(packed["ids"], packed["offsets"], training=True)
+    assert small.shape == (3, 2, 2) and large.shape == (3, 1, 5)
+    assert engine.tables[0].num_rows == 6 and engine.tables[1].num_rows == 3

@@ -1,0 +1,69 @@
+import keras
+import torch
+import numpy as np
+import pytest
+
+import reckeras as rk
+
+
+def test_validation():
+    columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=4),
+                                        rk.features.Categorical("b", dim=8)])
+    with pytest.raises(ValueError, match="one dim.*'a': 4.*'b': 8.*concat"):
+        rk.layers.ShardedEmbedding(columns)
+    with pytest.raises(ValueError, match="output must be one of"):
+        rk.layers.ShardedEmbedding(columns, output="sum")
+    with pytest.raises(ValueError, match="at least one sparse"):
+        rk.layers.ShardedEmbedding(rk.layers.FeatureColumns([rk.features.Numeric("n")]))
+
+
+def test_concat_output_in_declaration_order():
+    columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=2),
+                                        rk.features.Categorical("b", dim=3),
+                                        rk.features.Categorical("c", dim=2)])
+    inputs = columns.inputs()
+    _, sparse = columns(inputs)
+    layer = rk.layers.ShardedEmbedding(columns, output="concat")
+    out = layer(sparse)
+    assert tuple(out.shape) == (None, 7)
+    model = rk.Model(inputs, out)
+    model.compile(loss="mse", embedding_optimizer=rk.optimizers.SGD(0.1))
+    x = {"a": np.array([1, 2]), "b": np.array([1, 2]), "c": np.array([1, 2])}
+    model.fit(x, np.zeros((2, 7)), batch_size=2, verbose=0)   # creates rows
+    result = model.predict(x)
+    small, large = layer.engine.lookup(*_packed(columns, x), training=False)
+    expected = torch.cat([small[:, 0], large[:, 0], small[:, 1]], dim=1).detach().numpy()
+    np.testing.assert_allclose(result, expected)
+
+
+def _packed(columns, x):
+    import torch
+    packed = columns.plan.packed_sparse({k: torch.as_tensor(v) for k, v in x.items()})
+    return packed["ids"], packed["offsets"]
+
+
+def test_training_without_dense_weights_and_save_load(tmp_path):
+    columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=1)])
+    inputs = columns.inputs()
+    _, sparse = columns(inputs)
+    out = keras.layers.Reshape((1,))(rk.layers.ShardedEmbedding(columns, seed=3)(sparse))
+    model = rk.Model(inputs, out)
+    model.compile(optimizer="sgd", loss="mse", embedding_optimizer=rk.optimizers.SGD(0.5))
+    x = {"a": np.array([1, 2, 3, 1])}
+    y = np.array([1.0, -1.0, 0.5, 1.0])
+    model.fit(x, y, batch_size=4, epochs=30, verbose=0)
+    prediction = model.predict(x)[:, 0]
+    np.testing.assert_allclose(prediction, y, atol=1e-3)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+    assert loaded.embedding_optimizer.learning_rate == 0.5
+    # The loaded model keeps training from the saved tables and state.
+    loaded.fit(x, y, batch_size=4, verbose=0)
+
+
+def test_config_round_trip():
+    columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=4)])
+    layer = rk.layers.ShardedEmbedding(columns, init_scale=0.01, seed=5)
+    again = rk.layers.ShardedEmbedding.from_config(layer.get_config())
+    assert again.specs == layer.specs and again.seed == 5 and again.init_scale == 0.01
