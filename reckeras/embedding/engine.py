@@ -30,13 +30,15 @@ class EmbeddingEngine:
 
     Args:
         packing: the ``PackingPlan`` of the layer's features.
-        init_scale: new rows are uniform in ``[-init_scale, init_scale]``.
+        init_scale: new rows are uniform in ``[-init_scale, init_scale]``;
+            None means ``1 / sqrt(dim)`` of each table.
         seed: seed of the rows' initial values.
     """
 
-    def __init__(self, packing, init_scale=0.05, seed=0):
+    def __init__(self, packing, init_scale=None, seed=0):
         self.packing = packing
-        self.tables = [PhysicalTable(dim, init_scale, seed) for dim in packing.dims]
+        self.tables = [PhysicalTable(dim, init_scale or dim ** -0.5, seed)
+                       for dim in packing.dims]
         self.optimizer = None
         # The tables are not autograd leaves; this empty tensor is, so that
         # backward reaches PooledLookup even in a model with no dense weights.

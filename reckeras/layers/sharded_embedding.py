@@ -32,7 +32,8 @@ class ShardedEmbedding(keras.layers.Layer):
         output: ``"stacked"`` returns ``[B, F, D]`` (all features must share
             one dim); ``"concat"`` returns ``[B, sum of dims]``. Features come
             in declaration order.
-        init_scale: new rows are uniform in ``[-init_scale, init_scale]``.
+        init_scale: new rows are uniform in ``[-init_scale, init_scale]``;
+            by default ``1 / sqrt(dim)`` of their table.
         seed: seed of the rows' initial values (a row's initial value depends
             only on its id, table and seed).
         **kwargs: base Layer arguments.
@@ -42,7 +43,7 @@ class ShardedEmbedding(keras.layers.Layer):
         >>> emb = rk.layers.ShardedEmbedding(columns)(sparse)   # [B, F, D]
     """
 
-    def __init__(self, columns, output="stacked", init_scale=0.05, seed=0, **kwargs):
+    def __init__(self, columns, output="stacked", init_scale=None, seed=0, **kwargs):
         super().__init__(**kwargs)
         specs = columns.specs if hasattr(columns, "specs") else \
             [deserialize(s) for s in columns]
@@ -58,10 +59,10 @@ class ShardedEmbedding(keras.layers.Layer):
             dims = {s.name: s.dim for s in plan.slots}
             raise ValueError(f"output='stacked' needs one dim for all sparse "
                              f"features, got {dims}; use output='concat'")
-        if not init_scale > 0:
+        if init_scale is not None and not init_scale > 0:
             raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
         self.output_mode = output
-        self.init_scale = float(init_scale)
+        self.init_scale = None if init_scale is None else float(init_scale)
         self.seed = int(seed)
         self.engine = EmbeddingEngine(self.packing, self.init_scale, self.seed)
         feature_dim = {s.name: s.dim for s in plan.slots}

@@ -1,0 +1,129 @@
+"""rk.Model fit/evaluate/predict on in-memory data."""
+
+import keras
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import reckeras as rk
+
+
+def synthetic(n=4000, seed=0):
+    rng = np.random.default_rng(seed)
+    data = {"n": rng.normal(size=n).astype(np.float32),
+            "a": rng.integers(0, 20, n), "b": rng.integers(0, 20, n)}
+    logit = 2.0 * np.sin(data["a"]) * np.cos(data["b"]) + data["n"]
+    data["label"] = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    return pa.table(data)
+
+
+def build(seed=0):
+    keras.utils.set_random_seed(seed)
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=8),
+                                        rk.features.Categorical("b", dim=8)])
+    model = rk.models.dlrm(columns, bottom_units=(16, 8), top_units=(32, 1))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
+                  metrics=[rk.metrics.AUC()])
+    return model
+
+
+def snapshot(model):
+    dense = [w.numpy().copy() for w in model.weights]
+    tables = [t.export() for layer in model.embedding_layers for t in layer.tables]
+    return dense, tables
+
+
+def assert_same(a, b):
+    for x, y in zip(a[0], b[0]):
+        np.testing.assert_array_equal(x, y)
+    for x, y in zip(a[1], b[1]):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_fit_learns_interactions_and_history():
+    train, test = synthetic(), synthetic(2000, seed=1)
+    model = build()
+    history = model.fit(train, batch_size=256, epochs=4, verbose=0, validation_data=test)
+    assert set(history.history) == {"loss", "auc", "val_loss", "val_auc"}
+    assert len(history.history["loss"]) == 4
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert history.history["val_auc"][-1] > 0.75
+    # evaluate's figures agree with predict's outputs.
+    logs = model.evaluate(test, batch_size=500, verbose=0, return_dict=True)
+    p = model.predict(test, batch_size=500)[:, 0].astype(np.float64)
+    y = test.column("label").to_numpy()
+    eps = 1e-7
+    bce = -np.mean(y * np.log(np.clip(p, eps, 1)) + (1 - y) * np.log(np.clip(1 - p, eps, 1)))
+    np.testing.assert_allclose(logs["loss"], bce, rtol=1e-4)
+    pos, neg = p[y == 1], p[y == 0]
+    auc = ((pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean())
+    np.testing.assert_allclose(logs["auc"], auc, rtol=1e-6)
+
+
+def test_early_stopping_and_stop_training():
+    model = build()
+    stopper = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    history = model.fit(synthetic(1000), batch_size=250, epochs=5, verbose=0,
+                        callbacks=[stopper])
+    assert len(history.history["loss"]) == 2
+
+
+def test_failed_step_changes_no_weights():
+    data = synthetic(512)
+    bad = data.set_column(1, "a", pa.array(np.r_[np.zeros(256, np.int64), -np.ones(256, np.int64)]))
+    model = build()
+    model.fit(data.slice(0, 256), batch_size=256, verbose=0)
+
+    class Snapshot(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.after_first = snapshot(model)
+
+    callback = Snapshot()
+    with pytest.raises(rk.features.FeatureInputError, match="feature 'a': negative id -1"):
+        model.fit(bad, batch_size=256, verbose=0, shuffle=False, callbacks=[callback])
+    assert_same(callback.after_first, snapshot(model))
+
+
+@pytest.mark.parametrize("column, values, message", [
+    ("n", pa.array(["x"] * 8), "feature 'n': expected a numeric"),
+    ("b", pa.array(["x"] * 8), "feature 'b' is declared int64"),
+    ("label", pa.array([np.nan] * 8), "label column 'label' has NaN"),
+])
+def test_bad_batches_rejected_before_any_change(column, values, message):
+    model = build()
+    model.fit(synthetic(64), batch_size=64, verbose=0)
+    before = snapshot(model)
+    bad = synthetic(8).drop([column]).append_column(column, values)
+    with pytest.raises(rk.features.FeatureInputError, match=message):
+        model.fit(bad, batch_size=8, verbose=0)
+    assert_same(before, snapshot(model))
+
+
+def test_missing_column_names_feature():
+    model = build()
+    with pytest.raises(rk.features.FeatureInputError, match="feature 'b'"):
+        model.fit(synthetic(8).drop(["b"]), batch_size=8, verbose=0)
+
+
+def test_compile_requires_embedding_optimizer():
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=4)])
+    model = rk.models.dlrm(columns, bottom_units=(4,), top_units=(1,))
+    with pytest.raises(ValueError, match="embedding_optimizer"):
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+
+
+def test_standardize_is_adapted_by_fit():
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n", transform="standardize"),
+                                        rk.features.Categorical("a", dim=4)])
+    model = rk.models.dlrm(columns, bottom_units=(4,), top_units=(1,))
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.Adagrad(0.05))
+    data = synthetic(1000)
+    model.fit(data, batch_size=100, verbose=0)
+    values = data.column("n").to_numpy()
+    np.testing.assert_allclose(columns.mean.numpy()[0], values.mean(), rtol=1e-4)
+    np.testing.assert_allclose(columns.std.numpy()[0], values.std(), rtol=1e-4)
