@@ -1,0 +1,27 @@
+"""The README quickstart: DLRM on the packaged criteo_synth dataset."""
+
+import keras
+
+import reckeras as rk
+
+train = rk.datasets.load("criteo_synth", split="train")
+test = rk.datasets.load("criteo_synth", split="test")
+
+columns = rk.layers.FeatureColumns(
+    [rk.features.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
+    + [rk.features.Categorical(f"C{i}", dim=16) for i in range(1, 27)])
+inputs = columns.inputs()
+dense, sparse = columns(inputs)
+emb = rk.layers.ShardedEmbedding(columns)(sparse)          # [B, 26, 16]
+x = rk.layers.MLP([512, 256, 16])(dense)
+z = rk.layers.DotInteraction()([x, emb])
+out = rk.layers.MLP([512, 256, 1], output_activation="sigmoid")(z)
+
+model = rk.Model(inputs, out)
+model.compile(optimizer=keras.optimizers.Adam(1e-3),
+              embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
+              loss="binary_crossentropy", metrics=[rk.metrics.AUC()])
+model.fit(train, batch_size=4096, epochs=3, validation_data=test)
+
+test_auc = model.evaluate(test, batch_size=4096, verbose=0, return_dict=True)["auc"]
+print(f"test_auc={test_auc:.4f} bayes_auc={test.bayes_auc():.4f}")
