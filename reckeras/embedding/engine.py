@@ -57,16 +57,20 @@ class EmbeddingEngine:
         self.optimizer.apply(table.weights, table.state, rows, grads)
 
     def lookup(self, ids, offsets, training):
-        """Pooled embeddings of a packed batch, one ``[B, F_g, D_g]`` per dim.
+        """Embeddings of a packed batch, per physical table (dim).
 
         Args:
             ids: int64 ``[N]`` transformed ids.
             offsets: int64 ``[S * B + 1]`` bag offsets.
             training: create rows for new ids (else unseen ids read zeros).
+
+        Returns:
+            One ``(pooled, sequences)`` per physical table: ``pooled`` is
+            ``[B, P, D]`` (or None) and ``sequences`` maps each unpooled
+            sequence feature to ``[B, L, D]`` (see ``packing.GroupLayout``).
         """
         plan = self.packing
-        num_slots = plan.num_slots
-        batch = ragged.batch_size(offsets, num_slots)
+        batch = ragged.batch_size(offsets, plan.num_slots)
         num_ids = ids.numel()
         if plan.has_sequences:
             bag = ragged.bag_of_ids(offsets, num_ids)
@@ -76,34 +80,36 @@ class EmbeddingEngine:
         example = bag - slot * batch
         keys = mix64(ids) ^ plan.slot_salt[slot]
         weight = self._pooling_weight(offsets, bag, slot, num_ids)
+        destination = plan.slot_base[slot] * batch + example * plan.slot_stride[slot] \
+            + plan.slot_position[slot]
+        if plan.has_unpooled:
+            position = torch.arange(num_ids, device=ids.device) - offsets[bag]
+            destination += torch.where(plan.slot_unpooled[slot], position, 0)
         outputs = []
-        for group, table in enumerate(self.tables):    # one per distinct dim
-            if len(self.tables) > 1:
+        for group, (table, layout) in enumerate(zip(self.tables, plan.layouts)):
+            if len(self.tables) > 1:            # one iteration per distinct dim
                 chosen = (plan.slot_group[slot] == group).nonzero().squeeze(1)
-                group_keys, group_slot = keys[chosen], slot[chosen]
-                group_example, group_weight = example[chosen], weight[chosen]
+                group_keys, group_weight = keys[chosen], weight[chosen]
+                group_destination = destination[chosen]
             else:
-                group_keys, group_slot, group_example, group_weight = \
-                    keys, slot, example, weight
+                group_keys, group_weight, group_destination = keys, weight, destination
             rows = table.rows_of(group_keys, insert=training)
             if not training:
                 group_weight = torch.where(rows < 0, 0.0, group_weight)
                 rows = rows.clamp(min=0)
             unique, unique_index = unique_rows(rows, table.num_rows)
-            width = len(plan.group_outputs[group])
-            destination = group_example * width + plan.slot_position[group_slot]
-            pooled = PooledLookup.apply(
-                self.anchor, table.weights, unique, unique_index, destination,
-                group_weight, batch * width,
+            flat = PooledLookup.apply(
+                self.anchor, table.weights, unique, unique_index, group_destination,
+                group_weight, layout.rows(batch),
                 functools.partial(self._apply_row_grads, table))
-            outputs.append(pooled.view(batch, width, table.dim))
+            outputs.append(layout.split(flat, batch))
         return outputs
 
     def _pooling_weight(self, offsets, bag, slot, num_ids):
         if not self.packing.has_sequences:
             return torch.ones(num_ids, device=offsets.device)
         length = (offsets[1:] - offsets[:-1])[bag].float()
-        combiner = self.packing.slot_combiner[slot]
+        combiner = self.packing.slot_combiner[slot]     # unpooled: weight 1
         return torch.where(combiner == MEAN, 1.0 / length,
                            torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
 

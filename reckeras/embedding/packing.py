@@ -1,8 +1,19 @@
 """Packing: logical tables of equal dim merged into one physical table.
 
 Planned once, when the embedding layer is built. Every slot (sparse feature)
-gets its logical table's salt, its physical table, its combiner and its output
-position; per batch these are looked up by slot index in small tensors.
+gets its logical table's salt, its physical table (group), its combiner and
+where its rows land in the group's flat output buffer; per batch these are
+looked up by slot index in small tensors.
+
+Output layout of a group of dim ``D`` with ``P`` pooled features and unpooled
+sequences of lengths ``L_1..L_k``, for a batch of ``B``: one flat
+``[B * P + B * L_1 + ... + B * L_k, D]`` buffer whose first region is the
+pooled ``[B, P, D]`` block (features in declaration order) followed by one
+``[B, L_j, D]`` region per unpooled sequence. An id lands at row
+``base + example * stride + position`` where, per slot, ``base`` is the
+region start, ``stride`` is ``P`` (pooled) or ``L_j`` (unpooled), and
+``position`` is the feature's index among the pooled features, or the id's
+index inside its sequence.
 """
 
 import torch
@@ -10,7 +21,7 @@ import torch
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.features.specs import Sequence
 
-COMBINER_CODES = {"sum": 0, "mean": 1, "sqrtn": 2}
+COMBINER_CODES = {"sum": 0, "mean": 1, "sqrtn": 2, None: 0}
 
 
 def table_salt(table_name):
@@ -21,8 +32,33 @@ def table_salt(table_name):
     return int(mix64(torch.tensor(code, dtype=torch.int64)))
 
 
+class GroupLayout:
+    """The output regions of one physical table (one dim)."""
+
+    def __init__(self, dim, pooled, unpooled):
+        self.dim = dim
+        self.pooled = pooled                       # feature names
+        self.unpooled = unpooled                   # [(name, max_len)]
+
+    def rows(self, batch):
+        """Rows of the flat output buffer for a batch of ``batch`` examples."""
+        return batch * (len(self.pooled) + sum(length for _, length in self.unpooled))
+
+    def split(self, flat, batch):
+        """Views of the flat output: ``(pooled [B, P, D] or None, {name: [B, L, D]})``."""
+        start = batch * len(self.pooled)
+        pooled = flat[:start].view(batch, len(self.pooled), self.dim) \
+            if self.pooled else None
+        sequences = {}
+        for name, length in self.unpooled:
+            sequences[name] = flat[start:start + batch * length].view(batch, length,
+                                                                      self.dim)
+            start += batch * length
+        return pooled, sequences
+
+
 class PackingPlan:
-    """Which physical table and output position each slot uses.
+    """Which physical table and output rows each slot uses.
 
     Args:
         slots: sparse feature specs in slot order (see ``features.plan``).
@@ -36,28 +72,40 @@ class PackingPlan:
         self.tables = {}
         for spec in self.slots:
             self.tables.setdefault(spec.table, spec.dim)
-        slot_names = [s.name for s in self.slots]
         self.output_names = [s.name for s in declaration_order]
+        self.layouts = [GroupLayout(
+            dim,
+            [s.name for s in declaration_order if s.dim == dim and s.pooled],
+            [(s.name, s.max_len) for s in declaration_order
+             if s.dim == dim and not s.pooled]) for dim in self.dims]
         self.slot_group = torch.tensor([self.dims.index(s.dim) for s in self.slots])
         self.slot_salt = torch.tensor([table_salt(s.table) for s in self.slots],
                                       dtype=torch.int64)
         self.slot_combiner = torch.tensor(
             [COMBINER_CODES[s.combiner] if isinstance(s, Sequence) else 0
              for s in self.slots])
-        # Output position of each slot inside its group: declaration order.
-        self.group_outputs = [[n for n in self.output_names
-                               if self.slots[slot_names.index(n)].dim == dim]
-                              for dim in self.dims]
-        self.slot_position = torch.tensor(
-            [self.group_outputs[self.dims.index(s.dim)].index(s.name)
-             for s in self.slots])
+        self.slot_unpooled = torch.tensor([not s.pooled for s in self.slots])
+        base, stride, position = [], [], []
+        for spec in self.slots:                          # build time only
+            layout = self.layouts[self.dims.index(spec.dim)]
+            if spec.pooled:
+                base.append(0)
+                stride.append(len(layout.pooled))
+                position.append(layout.pooled.index(spec.name))
+            else:
+                names = [name for name, _ in layout.unpooled]
+                index = names.index(spec.name)
+                base.append(len(layout.pooled) + sum(
+                    length for _, length in layout.unpooled[:index]))
+                stride.append(spec.max_len)
+                position.append(0)
+        # ``base`` is in units of the batch size: row = base * B + ...
+        self.slot_base = torch.tensor(base)
+        self.slot_stride = torch.tensor(stride)
+        self.slot_position = torch.tensor(position)
         self.has_sequences = any(isinstance(s, Sequence) for s in self.slots)
+        self.has_unpooled = bool(self.slot_unpooled.any())
 
     @property
     def num_slots(self):
         return len(self.slots)
-
-    def to(self, device):
-        for name in ("slot_group", "slot_salt", "slot_combiner", "slot_position"):
-            setattr(self, name, getattr(self, name).to(device))
-        return self

@@ -7,7 +7,7 @@ FeatureColumns layer compiles a list of them into one transform plan.
 import math
 
 NUMERIC_TRANSFORMS = (None, "log1p", "standardize")
-COMBINERS = ("sum", "mean", "sqrtn")
+COMBINERS = ("sum", "mean", "sqrtn", None)
 ID_DTYPES = ("int64", "string")
 
 
@@ -29,6 +29,7 @@ class FeatureSpec:
 
     _fields = ()
     sparse = True
+    pooled = True
 
     def get_config(self):
         return {field: getattr(self, field) for field in self._fields}
@@ -150,12 +151,17 @@ class Sequence(FeatureSpec):
         max_len: longest sequence kept.
         table: embedding table name; share it with a Categorical feature to
             embed history and target in one space. Defaults to ``name``.
-        combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` pooling over the ids.
+        combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` pooling over the ids,
+            or None to keep the sequence unpooled: ShardedEmbedding then
+            returns it as ``[B, max_len, dim]`` with zero rows at padding
+            (the raw input is padded with -1, so ``inputs[name] >= 0`` is
+            its mask).
         hash_buckets: as for Categorical.
         dtype: ``"int64"`` or ``"string"``.
 
     Example:
         >>> rk.features.Sequence("hist_items", dim=16, max_len=50, table="item")
+        >>> rk.features.Sequence("hist_items", dim=16, max_len=50, combiner=None)
     """
 
     _fields = ("name", "dim", "max_len", "table", "combiner", "hash_buckets", "dtype")
@@ -176,6 +182,10 @@ class Sequence(FeatureSpec):
             raise ValueError(f"feature {name!r}: dtype must be one of {ID_DTYPES}, "
                              f"got {dtype!r}")
         self.dtype = dtype
+
+    @property
+    def pooled(self):
+        return self.combiner is not None
 
 
 class Cross(FeatureSpec):

@@ -8,7 +8,7 @@ from reckeras.embedding.packing import PackingPlan
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import deserialize, serialize
 
-OUTPUT_MODES = ("stacked", "concat")
+OUTPUT_MODES = ("stacked", "concat", "dict")
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -30,8 +30,10 @@ class ShardedEmbedding(keras.layers.Layer):
         columns: the ``rk.layers.FeatureColumns`` whose sparse output this
             layer embeds (or a list of serialized sparse feature specs).
         output: ``"stacked"`` returns ``[B, F, D]`` (all features must share
-            one dim); ``"concat"`` returns ``[B, sum of dims]``. Features come
-            in declaration order.
+            one dim); ``"concat"`` returns ``[B, sum of dims]``; ``"dict"``
+            returns ``{feature name: [B, D]}``, with ``[B, max_len, D]`` for
+            unpooled sequences (``Sequence(..., combiner=None)``), which only
+            ``"dict"`` supports. Features come in declaration order.
         init_scale: new rows are uniform in ``[-init_scale, init_scale]``;
             by default ``1 / sqrt(dim)`` of their table.
         seed: seed of the rows' initial values (a row's initial value depends
@@ -59,14 +61,19 @@ class ShardedEmbedding(keras.layers.Layer):
             dims = {s.name: s.dim for s in plan.slots}
             raise ValueError(f"output='stacked' needs one dim for all sparse "
                              f"features, got {dims}; use output='concat'")
+        unpooled = [s.name for s in plan.slots if not s.pooled]
+        if unpooled and output != "dict":
+            raise ValueError(f"unpooled sequence features {unpooled} need "
+                             f"output='dict'")
         if init_scale is not None and not init_scale > 0:
             raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
         self.output_mode = output
         self.init_scale = None if init_scale is None else float(init_scale)
         self.seed = int(seed)
         self.engine = EmbeddingEngine(self.packing, self.init_scale, self.seed)
-        feature_dim = {s.name: s.dim for s in plan.slots}
-        self._feature_dims = [feature_dim[n] for n in self.packing.output_names]
+        self._output_shapes = {
+            s.name: (None, s.dim) if s.pooled else (None, s.max_len, s.dim)
+            for s in plan.sparse_in_declaration_order}
 
     @property
     def tables(self):
@@ -74,26 +81,30 @@ class ShardedEmbedding(keras.layers.Layer):
         return self.engine.tables
 
     def call(self, sparse, training=False):
-        pooled = self.engine.lookup(sparse["ids"], sparse["offsets"], bool(training))
+        groups = self.engine.lookup(sparse["ids"], sparse["offsets"], bool(training))
         if self.output_mode == "stacked":
-            return pooled[0]
-        return self._concat(pooled)
-
-    def _concat(self, pooled):
-        if len(pooled) == 1:
-            return pooled[0].reshape(pooled[0].shape[0], -1)
+            return groups[0][0]
+        if self.output_mode == "concat" and len(groups) == 1:
+            pooled = groups[0][0]
+            return pooled.reshape(pooled.shape[0], -1)
         by_name = {}
-        for names, block in zip(self.packing.group_outputs, pooled):
-            for i, name in enumerate(names):          # a few dims: cheap views
-                by_name[name] = block[:, i]
+        for layout, (pooled, sequences) in zip(self.packing.layouts, groups):
+            for index, name in enumerate(layout.pooled):   # a few dims: views
+                by_name[name] = pooled[:, index]
+            by_name.update(sequences)
+        if self.output_mode == "dict":
+            return {name: by_name[name] for name in self.packing.output_names}
         return keras.ops.concatenate([by_name[n] for n in self.packing.output_names],
                                      axis=1)
 
     def compute_output_spec(self, sparse, training=False):
+        shapes = [self._output_shapes[n] for n in self.packing.output_names]
         if self.output_mode == "stacked":
-            return keras.KerasTensor((None, len(self._feature_dims),
-                                      self._feature_dims[0]), dtype="float32")
-        return keras.KerasTensor((None, sum(self._feature_dims)), dtype="float32")
+            return keras.KerasTensor((None, len(shapes), shapes[0][1]), dtype="float32")
+        if self.output_mode == "concat":
+            return keras.KerasTensor((None, sum(s[1] for s in shapes)), dtype="float32")
+        return {name: keras.KerasTensor(self._output_shapes[name], dtype="float32")
+                for name in self.packing.output_names}
 
     # ---- saving ----------------------------------------------------------------
 

@@ -32,7 +32,7 @@ def test_pooling_combiners_and_layout():
               "s": torch.tensor([[5, 6, 5, -1], [-1, -1, -1, -1]]),
               "q": torch.tensor([[6, -1, -1, -1], [5, 6, 7, 8]])}
     packed = plan.packed_sparse(inputs)
-    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0]
+    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0][0]
     assert out.shape == (2, 3, 3)
     w = {(t, i): row_of(engine, t, i) for t, i in
          [("c", 1), ("c", 2), ("t", 5), ("t", 6), ("t", 7), ("t", 8)]}
@@ -52,7 +52,7 @@ def test_backward_updates_touched_rows_only():
     engine.lookup(warm["ids"], warm["offsets"], training=True)
     before = engine.tables[0].weights[:engine.tables[0].num_rows].clone()
     packed = plan.packed_sparse({"a": torch.tensor([1, 1]), "b": torch.tensor([1, 1])})
-    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0]
+    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0][0]
     grad = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[10.0, 20.0], [30.0, 40.0]]])
     (out * grad).sum().backward()
     after = engine.tables[0].weights[:engine.tables[0].num_rows]
@@ -69,7 +69,7 @@ def test_rowwise_adagrad_math():
     optimizer = rk.optimizers.RowWiseAdagrad(0.1, epsilon=1e-8, initial_accumulator_value=0.5)
     plan, engine = make_engine(specs, optimizer)
     packed = plan.packed_sparse({"a": torch.tensor([4, 4, 9])})
-    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0]
+    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0][0]
     start = engine.tables[0].weights[:2].clone()
     out[:, 0, :].backward(torch.tensor([[1.0, 3.0], [1.0, 1.0], [0.0, 2.0]]))
     row4 = engine.tables[0].find(mix64(torch.tensor([4])) ^ table_salt("a"))[0]
@@ -86,7 +86,7 @@ def test_eval_reads_zeros_for_unseen_and_creates_nothing():
     seen = plan.packed_sparse({"a": torch.tensor([1])})
     engine.lookup(seen["ids"], seen["offsets"], training=True)
     packed = plan.packed_sparse({"a": torch.tensor([1, 77])})
-    out = engine.lookup(packed["ids"], packed["offsets"], training=False)[0]
+    out = engine.lookup(packed["ids"], packed["offsets"], training=False)[0][0]
     assert engine.tables[0].num_rows == 1
     torch.testing.assert_close(out[1, 0], torch.zeros(2))
     torch.testing.assert_close(out[0, 0], row_of(engine, "a", 1))
@@ -98,6 +98,27 @@ def test_tables_of_different_dims_are_separate_physical_tables():
     plan, engine = make_engine(specs)
     assert [t.dim for t in engine.tables] == [2, 5]
     packed = plan.packed_sparse({k: torch.tensor([1, 2, 3]) for k in "abc"})
-    small, large = engine.lookup(packed["ids"], packed["offsets"], training=True)
+    (small, _), (large, _) = engine.lookup(packed["ids"], packed["offsets"], training=True)
     assert small.shape == (3, 2, 2) and large.shape == (3, 1, 5)
     assert engine.tables[0].num_rows == 6 and engine.tables[1].num_rows == 3
+
+
+def test_unpooled_sequences_land_in_their_own_region():
+    specs = [rk.features.Categorical("item", dim=2),
+             rk.features.Sequence("hist", dim=2, max_len=3, combiner=None, table="item"),
+             rk.features.Sequence("pooled", dim=2, max_len=2, combiner="sum", table="item")]
+    plan, engine = make_engine(specs, rk.optimizers.SGD(1.0))
+    packed = plan.packed_sparse({"item": torch.tensor([1, 2]),
+                                 "hist": torch.tensor([[2, 3, -1], [-1, -1, -1]]),
+                                 "pooled": torch.tensor([[1, 3], [2, -1]])})
+    (pooled, sequences), = engine.lookup(packed["ids"], packed["offsets"], training=True)
+    w = {i: row_of(engine, "item", i) for i in (1, 2, 3)}
+    zero = torch.zeros(2)
+    torch.testing.assert_close(pooled, torch.stack([
+        torch.stack([w[1], w[1] + w[3]]), torch.stack([w[2], w[2]])]))
+    torch.testing.assert_close(sequences["hist"], torch.stack([
+        torch.stack([w[2], w[3], zero]), torch.stack([zero, zero, zero])]))
+    before = {i: w[i].clone() for i in w}
+    sequences["hist"].backward(torch.ones(2, 3, 2))
+    torch.testing.assert_close(row_of(engine, "item", 2), before[2] - 1.0)
+    torch.testing.assert_close(row_of(engine, "item", 1), before[1])

@@ -31,7 +31,7 @@ def test_concat_output_in_declaration_order():
     x = {"a": np.array([1, 2]), "b": np.array([1, 2]), "c": np.array([1, 2])}
     model.fit(x, np.zeros((2, 7)), batch_size=2, verbose=0)   # creates rows
     result = model.predict(x)
-    small, large = layer.engine.lookup(*_packed(columns, x), training=False)
+    (small, _), (large, _) = layer.engine.lookup(*_packed(columns, x), training=False)
     expected = torch.cat([small[:, 0], large[:, 0], small[:, 1]], dim=1).detach().numpy()
     np.testing.assert_allclose(result, expected)
 
@@ -67,3 +67,25 @@ def test_config_round_trip():
     layer = rk.layers.ShardedEmbedding(columns, init_scale=0.01, seed=5)
     again = rk.layers.ShardedEmbedding.from_config(layer.get_config())
     assert again.specs == layer.specs and again.seed == 5 and again.init_scale == 0.01
+
+
+def test_dict_output_with_unpooled_sequence_save_load(tmp_path):
+    columns = rk.layers.FeatureColumns([
+        rk.features.Categorical("item", dim=4),
+        rk.features.Sequence("hist", dim=4, max_len=5, combiner=None, table="item")])
+    with pytest.raises(ValueError, match="unpooled sequence features \\['hist'\\]"):
+        rk.layers.ShardedEmbedding(columns)
+    inputs = columns.inputs()
+    _, sparse = columns(inputs)
+    emb = rk.layers.ShardedEmbedding(columns, output="dict")(sparse)
+    assert tuple(emb["hist"].shape) == (None, 5, 4) and tuple(emb["item"].shape) == (None, 4)
+    mask = keras.ops.cast(keras.ops.greater_equal(inputs["hist"], 0), "float32")
+    history = keras.ops.sum(emb["hist"] * keras.ops.expand_dims(mask, -1), axis=1)
+    out = keras.ops.sum(emb["item"] * history, axis=1, keepdims=True)
+    model = rk.Model(inputs, out)
+    model.compile(optimizer="sgd", loss="mse", embedding_optimizer=rk.optimizers.SGD(0.1))
+    x = {"item": np.array([1, 2]), "hist": np.array([[1, 2, -1, -1, -1], [3, -1, -1, -1, -1]])}
+    model.fit(x, np.array([1.0, 0.0]), batch_size=2, epochs=3, verbose=0)
+    model.save(tmp_path / "d.keras")
+    loaded = keras.models.load_model(tmp_path / "d.keras")
+    np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
