@@ -7,19 +7,23 @@ physical tables (creating rows for new ids while training), (4) dedups the
 rows, and (5) runs the fused pooled lookup, whose backward aggregates one
 gradient per unique row and applies the sparse optimizer to those rows.
 
-Step (3) is where rows live: in one process it is a local hash lookup; the
-distributed engine replaces it by an exchange with the owning ranks, keeping
-the rest of the path.
+Step (3) is where rows live. In one process it is a local hash lookup. With
+several ranks, every row is owned by the rank ``sharding.owner_of(key)``: the
+batch's unique keys are routed to their owners (``comm``), the owners resolve
+and send back the rows, and in backward the gradients travel the same route
+to the owners, which sum them over all ranks, divide by the world size (each
+rank's loss is a mean over its own examples) and run the optimizer.
 """
 
 import functools
 
 import torch
 
-from reckeras import ragged
+from reckeras import distributed, ragged
 from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.backend_kernels.pooling import PooledLookup
+from reckeras.embedding.comm import FlatRouter, HierarchicalRouter
 from reckeras.embedding.table import PhysicalTable
 
 MEAN, SQRTN = 1, 2
@@ -43,6 +47,22 @@ class EmbeddingEngine:
         # The tables are not autograd leaves; this empty tensor is, so that
         # backward reaches PooledLookup even in a model with no dense weights.
         self.anchor = torch.zeros(0, requires_grad=True)
+        self._router = None
+        self.world = None
+
+    @property
+    def router(self):
+        """The route planner for this world (None in one process)."""
+        if self.world is None:
+            self.world = distributed.world()
+            if self.world.size > 1:
+                distributed.check_same_on_all_ranks(
+                    "the embedding layer's feature/table configuration",
+                    repr([(s.name, s.table, s.dim) for s in self.packing.slots]))
+                kind = HierarchicalRouter if self.world.hierarchical else FlatRouter
+                self._router = kind(self.world.size, self.world.rank,
+                                    self.world.ranks_per_node)
+        return self._router
 
     def set_optimizer(self, optimizer):
         self.optimizer = optimizer
@@ -93,17 +113,44 @@ class EmbeddingEngine:
                 group_destination = destination[chosen]
             else:
                 group_keys, group_weight, group_destination = keys, weight, destination
-            rows = table.rows_of(group_keys, insert=training)
-            if not training:
-                group_weight = torch.where(rows < 0, 0.0, group_weight)
-                rows = rows.clamp(min=0)
-            unique, unique_index = unique_rows(rows, table.num_rows)
+            if self.router is None:
+                values, unique, unique_index, group_weight, apply = \
+                    self._local_rows(table, group_keys, group_weight, training)
+            else:
+                values, unique, unique_index, apply = \
+                    self._remote_rows(table, group_keys, training)
             flat = PooledLookup.apply(
-                self.anchor, table.weights, unique, unique_index, group_destination,
-                group_weight, layout.rows(batch),
-                functools.partial(self._apply_row_grads, table))
+                self.anchor, values, unique, unique_index, group_destination,
+                group_weight, layout.rows(batch), apply)
             outputs.append(layout.split(flat, batch))
         return outputs
+
+    def _local_rows(self, table, keys, weight, training):
+        rows = table.rows_of(keys, insert=training)
+        if not training:
+            weight = torch.where(rows < 0, 0.0, weight)
+            rows = rows.clamp(min=0)
+        unique, unique_index = unique_rows(rows, table.num_rows)
+        apply = functools.partial(self._apply_row_grads, table)
+        return table.weights, unique, unique_index, weight, apply
+
+    def _remote_rows(self, table, keys, training):
+        unique_keys, unique_index = torch.unique(keys, return_inverse=True)
+        route = self.router.route(unique_keys)
+        owner_rows = table.rows_of(route.owner_keys, insert=training)
+        # Unseen ids at inference read zeros (row -1 -> a zero vector).
+        owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
+                                   table.weights[owner_rows.clamp(min=0)], 0.0)
+        values = route.rows_to_requesters(owner_values)
+        apply = functools.partial(self._apply_remote_grads, table, route, owner_rows)
+        return values, torch.arange(values.shape[0]), unique_index, apply
+
+    def _apply_remote_grads(self, table, route, owner_rows, _, grads):
+        owner_grads = route.grads_to_owners(grads) / self.world.size
+        unique, position = unique_rows(owner_rows, table.num_rows)
+        summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
+        summed.index_add_(0, position, owner_grads)
+        self._apply_row_grads(table, unique, summed)
 
     def _pooling_weight(self, offsets, bag, slot, num_ids):
         if not self.packing.has_sequences:

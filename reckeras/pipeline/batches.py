@@ -15,23 +15,35 @@ from reckeras.features.encode import FeatureInputError, as_table
 
 
 class InMemoryData:
-    """A pyarrow Table served in batches, with an optional label column."""
+    """A pyarrow Table served in batches, with an optional label column.
+
+    With ``num_shards`` readers (ranks), global batch ``k`` is the
+    ``num_shards * batch_size`` rows starting at ``k * num_shards *
+    batch_size``, and reader ``i`` takes its ``i``-th slice of ``batch_size``:
+    N ranks at batch b see exactly the batches one rank sees at batch N*b.
+    """
 
     def __init__(self, table, label):
         self.table = table
         self.label = label
         self.num_rows = table.num_rows
 
-    def num_batches(self, batch_size, drop_remainder=False):
-        full, rest = divmod(self.num_rows, batch_size)
-        return full + (1 if rest and not drop_remainder else 0)
+    def _starts(self, batch_size, shard_index, num_shards):
+        return range(shard_index * batch_size, self.num_rows, num_shards * batch_size)
 
-    def batches(self, batch_size, *, shuffle=False, seed=0, drop_remainder=False):
+    def num_batches(self, batch_size, drop_remainder=False, shard_index=0, num_shards=1):
+        starts = self._starts(batch_size, shard_index, num_shards)
+        if drop_remainder:
+            return sum(1 for start in starts if start + batch_size <= self.num_rows)
+        return len(starts)
+
+    def batches(self, batch_size, *, shuffle=False, seed=0, drop_remainder=False,
+                shard_index=0, num_shards=1):
         table = self.table
         if shuffle:
             order = np.random.default_rng(seed).permutation(self.num_rows)
             table = table.take(pa.array(order))
-        for start in range(0, self.num_rows, batch_size):
+        for start in self._starts(batch_size, shard_index, num_shards):
             if drop_remainder and start + batch_size > self.num_rows:
                 return
             yield table.slice(start, batch_size)

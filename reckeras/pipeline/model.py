@@ -9,6 +9,7 @@ from keras.src.saving import serialization_lib
 from keras.src.trainers.data_adapters import data_adapter_utils
 from tqdm.auto import tqdm
 
+from reckeras import distributed
 from reckeras import optimizers as sparse_optimizers
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
@@ -109,6 +110,9 @@ class Model(keras.Model):
         if trainable:
             gradients = [v.value.grad for v in trainable]
             with torch.no_grad():
+                # Each rank's loss is a mean over its own examples: averaging
+                # the gradients gives the gradient of the global mean.
+                distributed.all_reduce_mean_([g for g in gradients if g is not None])
                 self.optimizer.apply(gradients, trainable)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -116,8 +120,31 @@ class Model(keras.Model):
 
     def _batches(self, data, batch_size, with_label, shuffle=False, seed=0):
         columns = self.feature_columns
-        for batch in data.batches(batch_size, shuffle=shuffle, seed=seed):
+        world = distributed.world()
+        for batch in data.batches(batch_size, shuffle=shuffle, seed=seed,
+                                  shard_index=world.rank, num_shards=world.size):
             yield batch.num_rows, to_tensors(columns, batch, data.label, with_label)
+
+    def _num_steps(self, data, batch_size, limit=None):
+        """Steps every rank can take (collectives need the same count)."""
+        world = distributed.world()
+        steps = data.num_batches(batch_size, shard_index=world.rank,
+                                 num_shards=world.size)
+        if limit is not None:
+            steps = min(steps, limit)
+        if world.size > 1:
+            count = torch.tensor(steps)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
+            steps = int(count)
+        return steps
+
+    def _sync_dense_weights(self):
+        """Gives every rank rank 0's dense weights (once, before training)."""
+        if distributed.world().size > 1 and not getattr(self, "_weights_synced", False):
+            with torch.no_grad():
+                for variable in self.variables:
+                    torch.distributed.broadcast(variable.value.data, src=0)
+            self._weights_synced = True
 
     def _adapt_if_needed(self, data, batch_size):
         columns = self.feature_columns
@@ -147,9 +174,9 @@ class Model(keras.Model):
             raise RuntimeError("compile() the model before fit()")
         data = as_data(x, y)
         self._adapt_if_needed(data, batch_size)
-        steps = data.num_batches(batch_size)
-        if steps_per_epoch is not None:
-            steps = min(steps, steps_per_epoch)
+        self._sync_dense_weights()
+        verbose = verbose if distributed.world().is_main else 0
+        steps = self._num_steps(data, batch_size, steps_per_epoch)
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=False, model=self,
             verbose=verbose, epochs=epochs, steps=steps)
@@ -206,8 +233,8 @@ class Model(keras.Model):
             callbacks: Keras callbacks (test hooks are called).
         """
         data = as_data(x, y)
-        total = data.num_batches(batch_size)
-        total = total if steps is None else min(total, steps)
+        total = self._num_steps(data, batch_size, steps)
+        verbose = verbose if distributed.world().is_main else 0
         callback_list = keras.callbacks.CallbackList(
             callbacks, model=self, verbose=verbose, epochs=1, steps=total)
         self.reset_metrics()
@@ -240,13 +267,13 @@ class Model(keras.Model):
             callbacks: unused by reckeras; accepted for Keras compatibility.
         """
         data = as_data(x)
+        total = self._num_steps(data, batch_size, steps)
         outputs = []
         with torch.no_grad():
             for step, (_, (inputs, _)) in enumerate(tqdm(
-                    self._batches(data, batch_size, False),
-                    total=data.num_batches(batch_size), desc="Predict", unit="step",
-                    disable=not verbose)):
-                if steps is not None and step >= steps:
+                    self._batches(data, batch_size, False), total=total,
+                    desc="Predict", unit="step", disable=not verbose)):
+                if step >= total:
                     break
                 outputs.append(keras.ops.convert_to_numpy(self(inputs, training=False)))
         if not outputs:

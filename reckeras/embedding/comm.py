@@ -1,0 +1,174 @@
+"""How ids, rows and gradients move between ranks.
+
+A *route* is planned once per batch and physical table from the batch's
+unique keys; it carries the keys to the ranks that own them and then serves
+two transfers along the same paths: rows back to the requesters (forward)
+and gradients to the owners (backward).
+
+* ``FlatRouter``: one all-to-all over all ranks.
+* ``HierarchicalRouter`` (RecIS): ranks are grouped into nodes. Keys first
+  move inside the node to the rank whose local index matches the owner's, are
+  deduplicated there across the node's ranks, and then cross nodes once per
+  unique key per node, among the ranks of one local index. Rows come back the
+  same way; gradients go the same way and are summed per unique key on the
+  node before they cross.
+
+Both count the bytes they send to other nodes (``internode_bytes``), so the
+two can be compared on the same batches.
+"""
+
+import torch
+import torch.distributed as dist
+
+from reckeras.embedding.sharding import owner_of
+
+
+class Exchange:
+    """All-to-all with uneven splits inside one process group."""
+
+    def __init__(self, group, ranks, my_index, node_of_peer, my_node):
+        self.group = group
+        self.ranks = ranks
+        self.my_index = my_index
+        # Which peers live on another node, for byte accounting.
+        self.remote = torch.tensor([node != my_node for node in node_of_peer])
+        self.internode_bytes = 0
+
+    @property
+    def size(self):
+        return len(self.ranks)
+
+    def counts(self, send_counts):
+        """The counts every peer will send here."""
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        return recv_counts
+
+    def send(self, values, send_counts, recv_counts):
+        """Sends ``values`` split by ``send_counts``; returns what arrives."""
+        send_counts, recv_counts = send_counts.tolist(), recv_counts.tolist()
+        out = values.new_empty((sum(recv_counts),) + tuple(values.shape[1:]))
+        row_bytes = values[:1].numel() * values.element_size() if values.numel() else 0
+        self.internode_bytes += row_bytes * sum(
+            c for c, remote in zip(send_counts, self.remote.tolist()) if remote)
+        if self.size == 1:
+            out.copy_(values)
+        else:
+            dist.all_to_all_single(out, values.contiguous(), recv_counts, send_counts,
+                                   group=self.group)
+        return out
+
+
+def _by_destination(destination, size):
+    order = torch.argsort(destination, stable=True)
+    counts = torch.bincount(destination, minlength=size)
+    return order, counts
+
+
+def _unpermute(values, order):
+    out = torch.empty_like(values)
+    out[order] = values
+    return out
+
+
+class FlatRoute:
+    """The keys of one batch routed straight to their owners."""
+
+    def __init__(self, exchange, keys, world):
+        self.exchange = exchange
+        self.order, self.send_counts = _by_destination(owner_of(keys, world),
+                                                       exchange.size)
+        self.recv_counts = exchange.counts(self.send_counts)
+        self.owner_keys = exchange.send(keys[self.order], self.send_counts,
+                                        self.recv_counts)
+
+    def rows_to_requesters(self, owner_rows):
+        back = self.exchange.send(owner_rows, self.recv_counts, self.send_counts)
+        return _unpermute(back, self.order)
+
+    def grads_to_owners(self, grads):
+        return self.exchange.send(grads[self.order], self.send_counts, self.recv_counts)
+
+
+class HierarchicalRoute:
+    """Keys routed inside the node first, deduplicated, then across nodes."""
+
+    def __init__(self, router, keys):
+        intra, inter = router.intra, router.inter
+        owner = owner_of(keys, router.world)
+        self.intra, self.inter = intra, inter
+        self.order_a, self.counts_a = _by_destination(owner % router.local_world,
+                                                      intra.size)
+        self.recv_a = intra.counts(self.counts_a)
+        node_keys = intra.send(keys[self.order_a], self.counts_a, self.recv_a)
+        unique_keys, self.inverse = torch.unique(node_keys, return_inverse=True)
+        owner_node = torch.div(owner_of(unique_keys, router.world), router.local_world,
+                               rounding_mode="floor")
+        self.order_b, self.counts_b = _by_destination(owner_node, inter.size)
+        self.recv_b = inter.counts(self.counts_b)
+        self.num_unique = unique_keys.numel()
+        self.owner_keys = inter.send(unique_keys[self.order_b], self.counts_b,
+                                     self.recv_b)
+
+    def rows_to_requesters(self, owner_rows):
+        node_rows = _unpermute(self.inter.send(owner_rows, self.recv_b, self.counts_b),
+                               self.order_b)
+        back = self.intra.send(node_rows[self.inverse], self.recv_a, self.counts_a)
+        return _unpermute(back, self.order_a)
+
+    def grads_to_owners(self, grads):
+        node_grads = self.intra.send(grads[self.order_a], self.counts_a, self.recv_a)
+        summed = grads.new_zeros((self.num_unique,) + tuple(grads.shape[1:]))
+        summed.index_add_(0, self.inverse, node_grads)
+        return self.inter.send(summed[self.order_b], self.counts_b, self.recv_b)
+
+
+class FlatRouter:
+    """Routes over one all-to-all of all ranks."""
+
+    def __init__(self, world, rank, local_world):
+        node_of = [r // local_world for r in range(world)]
+        self.world = world
+        self.exchange = Exchange(None, list(range(world)), rank, node_of, node_of[rank])
+
+    def route(self, keys):
+        return FlatRoute(self.exchange, keys, self.world)
+
+    @property
+    def internode_bytes(self):
+        return self.exchange.internode_bytes
+
+
+class HierarchicalRouter:
+    """Routes through a node-local exchange, then an inter-node one.
+
+    Ranks are numbered node-major (``rank = node * local_world + local``), as
+    torchrun numbers them.
+    """
+
+    def __init__(self, world, rank, local_world):
+        if world % local_world:
+            raise ValueError(f"world size {world} is not a multiple of "
+                             f"{local_world} ranks per node")
+        self.world, self.local_world = world, local_world
+        nodes = world // local_world
+        node, local = divmod(rank, local_world)
+        self.intra = self.inter = None
+        # Every rank must create every group, in the same order.
+        for n in range(nodes):
+            ranks = [n * local_world + i for i in range(local_world)]
+            group = dist.new_group(ranks) if local_world > 1 else None
+            if n == node:
+                self.intra = Exchange(group, ranks, local, [n] * local_world, node)
+        for i in range(local_world):
+            ranks = [n * local_world + i for n in range(nodes)]
+            group = dist.new_group(ranks) if nodes > 1 else None
+            if i == local:
+                self.inter = Exchange(group, ranks, node, list(range(nodes)), node)
+
+    def route(self, keys):
+        return HierarchicalRoute(self, keys)
+
+    @property
+    def internode_bytes(self):
+        return self.intra.internode_bytes + self.inter.internode_bytes
