@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from reckeras import distributed
 from reckeras import optimizers as sparse_optimizers
+from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.pipeline.batches import as_data, to_tensors
@@ -92,6 +93,28 @@ class Model(keras.Model):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
+    # ---- checkpoints -------------------------------------------------------------
+
+    def save_checkpoint(self, path):
+        """Saves dense weights, tables and optimizer state, from every rank.
+
+        Atomic (a crash leaves the previous checkpoint loadable) and
+        re-shardable: ``load_checkpoint`` works on any number of ranks. See
+        ``reckeras.embedding.checkpoint``. Every rank must call it.
+
+        Args:
+            path: checkpoint directory on a filesystem all ranks share.
+        """
+        checkpoint.save_checkpoint(self, path)
+
+    def load_checkpoint(self, path):
+        """Restores a checkpoint saved by ``save_checkpoint`` on any world size.
+
+        Args:
+            path: checkpoint directory.
+        """
+        checkpoint.load_checkpoint(self, path)
+
     # ---- steps ---------------------------------------------------------------------
 
     def train_step(self, data):
@@ -152,7 +175,8 @@ class Model(keras.Model):
             columns.adapt(b for _, b in zip(range(64), data.batches(batch_size)))
 
     def fit(self, x=None, y=None, batch_size=4096, epochs=1, verbose=1, callbacks=None,
-            validation_data=None, shuffle=True, seed=0, steps_per_epoch=None):
+            validation_data=None, shuffle=True, seed=0, steps_per_epoch=None,
+            initial_epoch=0):
         """Trains the model.
 
         Args:
@@ -166,6 +190,8 @@ class Model(keras.Model):
             shuffle: reshuffle the batch order every epoch.
             seed: seed of the shuffle (epoch ``e`` uses ``seed + e``).
             steps_per_epoch: stop an epoch after this many steps.
+            initial_epoch: epoch to start at (to resume from a checkpoint:
+                epoch ``e`` always uses shuffle seed ``seed + e``).
 
         Returns:
             The ``keras.callbacks.History``.
@@ -184,7 +210,8 @@ class Model(keras.Model):
         self.make_train_function()
         callback_list.on_train_begin()
         logs = {}
-        for epoch in range(epochs):
+        epoch_logs = {}
+        for epoch in range(initial_epoch, epochs):
             self.reset_metrics()
             callback_list.on_epoch_begin(epoch)
             bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
@@ -217,7 +244,7 @@ class Model(keras.Model):
                     f"{k}={v:.4f}" for k, v in epoch_logs.items()))
             if self.stop_training:
                 break
-        callback_list.on_train_end(epoch_logs if epochs else {})
+        callback_list.on_train_end(epoch_logs)
         return self.history
 
     def evaluate(self, x=None, y=None, batch_size=4096, verbose=1, return_dict=False,
