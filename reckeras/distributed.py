@@ -11,6 +11,7 @@ others raise ``torch.distributed.DistBackendError`` (a RuntimeError) after
 ``timeout_s`` seconds instead of hanging.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -21,6 +22,10 @@ import torch.distributed as dist
 DEFAULT_TIMEOUT_S = 300.0
 
 
+class PeerFailureError(RuntimeError):
+    """A collective failed: a peer rank died, hung past the timeout, or left."""
+
+
 @dataclasses.dataclass(frozen=True)
 class World:
     """This process's place among the training processes."""
@@ -29,6 +34,7 @@ class World:
     size: int = 1
     ranks_per_node: int = 1
     hierarchical: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     @property
     def is_main(self):
@@ -77,7 +83,7 @@ def init(timeout_s=None, ranks_per_node=None, hierarchical=None, backend=None):
                          f"size {size}")
     if hierarchical is None:
         hierarchical = ranks_per_node < size
-    _world = World(rank, size, ranks_per_node, bool(hierarchical))
+    _world = World(rank, size, ranks_per_node, bool(hierarchical), float(timeout_s))
     return _world
 
 
@@ -86,12 +92,26 @@ def world():
     return _world if _world is not None else init()
 
 
+@contextlib.contextmanager
+def collective(what):
+    """Turns a failed collective into a PeerFailureError saying what happened."""
+    try:
+        yield
+    except RuntimeError as error:        # gloo/NCCL timeouts and closed peers
+        current = world()
+        raise PeerFailureError(
+            f"rank {current.rank} of {current.size}: {what} did not complete: a peer "
+            f"rank died, hung for more than {current.timeout_s:g} s or left "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:200]})") from error
+
+
 def all_reduce_mean_(tensors):
     """Averages a list of tensors across ranks in place, in one collective."""
     if world().size == 1 or not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat)
+    with collective("averaging dense gradients"):
+        dist.all_reduce(flat)
     flat /= world().size
     start = 0
     for t in tensors:
@@ -104,7 +124,8 @@ def check_same_on_all_ranks(description, value):
     if world().size == 1:
         return
     values = [None] * world().size
-    dist.all_gather_object(values, value)
+    with collective(f"comparing {description}"):
+        dist.all_gather_object(values, value)
     differing = [r for r, v in enumerate(values) if v != values[0]]
     if differing:
         raise RuntimeError(f"{description} differs across ranks: rank 0 has "

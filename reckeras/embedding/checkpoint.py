@@ -35,7 +35,8 @@ FORMAT_VERSION = 1
 
 def _barrier():
     if distributed.world().size > 1:
-        dist.barrier()
+        with distributed.collective("the checkpoint barrier"):
+            dist.barrier()
 
 
 def _fsync_dir(path):

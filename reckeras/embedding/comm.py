@@ -20,6 +20,7 @@ two can be compared on the same batches.
 import torch
 import torch.distributed as dist
 
+from reckeras.distributed import collective
 from reckeras.embedding.sharding import owner_of
 
 
@@ -41,7 +42,10 @@ class Exchange:
     def counts(self, send_counts):
         """The counts every peer will send here."""
         recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        if self.size == 1:
+            return send_counts.clone()
+        with collective("the embedding id exchange"):
+            dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         return recv_counts
 
     def send(self, values, send_counts, recv_counts):
@@ -54,8 +58,9 @@ class Exchange:
         if self.size == 1:
             out.copy_(values)
         else:
-            dist.all_to_all_single(out, values.contiguous(), recv_counts, send_counts,
-                                   group=self.group)
+            with collective("the embedding row exchange"):
+                dist.all_to_all_single(out, values.contiguous(), recv_counts,
+                                       send_counts, group=self.group)
         return out
 
 

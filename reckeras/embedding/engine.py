@@ -50,9 +50,9 @@ class EmbeddingEngine:
         self._router = None
         self.world = None
 
-    @property
-    def router(self):
-        """The route planner for this world (None in one process)."""
+    def connect(self):
+        """Joins the world once: checks that all ranks declare the same tables
+        and plans the routes. Returns the router (None in one process)."""
         if self.world is None:
             self.world = distributed.world()
             if self.world.size > 1:
@@ -113,7 +113,7 @@ class EmbeddingEngine:
                 group_destination = destination[chosen]
             else:
                 group_keys, group_weight, group_destination = keys, weight, destination
-            if self.router is None:
+            if self.connect() is None:
                 values, unique, unique_index, group_weight, apply = \
                     self._local_rows(table, group_keys, group_weight, training)
             else:
@@ -136,7 +136,7 @@ class EmbeddingEngine:
 
     def _remote_rows(self, table, keys, training):
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
-        route = self.router.route(unique_keys)
+        route = self._router.route(unique_keys)
         owner_rows = table.rows_of(route.owner_keys, insert=training)
         # Unseen ids at inference read zeros (row -1 -> a zero vector).
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),

@@ -157,14 +157,15 @@ class Model(keras.Model):
             steps = min(steps, limit)
         if world.size > 1:
             count = torch.tensor(steps)
-            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
+            with distributed.collective("agreeing on the number of steps"):
+                torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
             steps = int(count)
         return steps
 
     def _sync_dense_weights(self):
         """Gives every rank rank 0's dense weights (once, before training)."""
         if distributed.world().size > 1 and not getattr(self, "_weights_synced", False):
-            with torch.no_grad():
+            with torch.no_grad(), distributed.collective("broadcasting dense weights"):
                 for variable in self.variables:
                     torch.distributed.broadcast(variable.value.data, src=0)
             self._weights_synced = True
@@ -200,6 +201,8 @@ class Model(keras.Model):
             raise RuntimeError("compile() the model before fit()")
         data = as_data(x, y)
         self._adapt_if_needed(data, batch_size)
+        for layer in self.embedding_layers:
+            layer.engine.connect()            # checks configs agree across ranks
         self._sync_dense_weights()
         verbose = verbose if distributed.world().is_main else 0
         steps = self._num_steps(data, batch_size, steps_per_epoch)
