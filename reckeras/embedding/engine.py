@@ -49,6 +49,7 @@ class EmbeddingEngine:
         self.anchor = torch.zeros(0, requires_grad=True)
         self._router = None
         self.world = None
+        self.requests = 0      # unique keys this rank's tables served, all batches
 
     def connect(self):
         """Joins the world once: checks that all ranks declare the same tables
@@ -131,6 +132,7 @@ class EmbeddingEngine:
             weight = torch.where(rows < 0, 0.0, weight)
             rows = rows.clamp(min=0)
         unique, unique_index = unique_rows(rows, table.num_rows)
+        self.requests += unique.numel()
         apply = functools.partial(self._apply_row_grads, table)
         return table.weights, unique, unique_index, weight, apply
 
@@ -138,6 +140,7 @@ class EmbeddingEngine:
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
         route = self._router.route(unique_keys)
         owner_rows = table.rows_of(route.owner_keys, insert=training)
+        self.requests += owner_rows.numel()
         # Unseen ids at inference read zeros (row -1 -> a zero vector).
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
                                    table.weights[owner_rows.clamp(min=0)], 0.0)
@@ -160,6 +163,8 @@ class EmbeddingEngine:
         return torch.where(combiner == MEAN, 1.0 / length,
                            torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
 
-    def memory_bytes(self):
-        """Bytes held by each physical table, keyed by dim."""
-        return {table.dim: table.memory_bytes() for table in self.tables}
+    def stats(self):
+        """This rank's tables: rows, bytes held, and requests served so far."""
+        return {"requests": self.requests,
+                "tables": [{"dim": t.dim, "rows": t.num_rows, "bytes": t.memory_bytes()}
+                           for t in self.tables]}

@@ -93,6 +93,32 @@ class Model(keras.Model):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
+    def embedding_stats(self):
+        """Rows, memory and requests of every embedding table on every rank.
+
+        Under torchrun every rank must call it (it gathers across ranks).
+
+        Returns:
+            ``{layer name: {"per_rank": [stats of rank 0, ...],
+            "rows_imbalance": max/mean, "requests_imbalance": max/mean}}``
+            where each rank's stats hold ``requests`` and, per physical table,
+            ``dim``, ``rows`` and ``bytes``.
+        """
+        from reckeras.embedding.sharding import imbalance
+        world = distributed.world()
+        result = {}
+        for layer in self.embedding_layers:
+            per_rank = [layer.engine.stats()]
+            if world.size > 1:
+                per_rank = [None] * world.size
+                with distributed.collective("gathering embedding stats"):
+                    torch.distributed.all_gather_object(per_rank, layer.engine.stats())
+            rows = [sum(t["rows"] for t in s["tables"]) for s in per_rank]
+            result[layer.name] = {
+                "per_rank": per_rank, "rows_imbalance": imbalance(rows),
+                "requests_imbalance": imbalance([s["requests"] for s in per_rank])}
+        return result
+
     # ---- checkpoints -------------------------------------------------------------
 
     def save_checkpoint(self, path):

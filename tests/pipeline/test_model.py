@@ -127,3 +127,16 @@ def test_standardize_is_adapted_by_fit():
     values = data.column("n").to_numpy()
     np.testing.assert_allclose(columns.mean.numpy()[0], values.mean(), rtol=1e-4)
     np.testing.assert_allclose(columns.std.numpy()[0], values.std(), rtol=1e-4)
+
+
+def test_embedding_stats():
+    model = build()
+    model.fit(synthetic(512), batch_size=128, verbose=0)
+    stats = model.embedding_stats()
+    (layer_stats,) = stats.values()
+    (rank0,) = layer_stats["per_rank"]
+    table = model.embedding_layers[0].tables[0]
+    assert rank0["tables"] == [{"dim": 8, "rows": table.num_rows,
+                                "bytes": table.memory_bytes()}]
+    assert table.num_rows == 40          # 20 ids of "a" + 20 of "b"
+    assert rank0["requests"] > 0 and layer_stats["rows_imbalance"] == 1.0
