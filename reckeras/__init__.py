@@ -10,6 +10,8 @@ from reckeras._backend import BackendError, select_torch_backend
 select_torch_backend()
 
 from reckeras import datasets  # noqa: E402
+from reckeras import distributed  # noqa: E402
+from reckeras import embedding  # noqa: E402
 from reckeras import features  # noqa: E402
 from reckeras import layers  # noqa: E402
 from reckeras import metrics  # noqa: E402
@@ -20,5 +22,5 @@ from reckeras.pipeline.model import Model  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["BackendError", "Model", "datasets", "features", "layers",
-           "metrics", "models", "optimizers"]
+__all__ = ["BackendError", "Model", "datasets", "distributed", "embedding", "features",
+           "layers", "metrics", "models", "optimizers"]

@@ -1,0 +1,6 @@
+"""The embedding engine: dynamic hash tables, packing, sharding, communication,
+sparse optimizers' state, row lifecycle and checkpoints."""
+
+from reckeras.embedding.lifecycle import TableOptions
+
+__all__ = ["TableOptions"]

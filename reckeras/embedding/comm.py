@@ -76,16 +76,29 @@ def _unpermute(values, order):
     return out
 
 
-class FlatRoute:
-    """The keys of one batch routed straight to their owners."""
+def _with_tags(keys, tags):
+    return keys if tags is None else torch.stack([keys, tags], dim=1)
 
-    def __init__(self, exchange, keys, world):
+
+def _split_tags(received, tags):
+    return (received, None) if tags is None else (received[:, 0], received[:, 1])
+
+
+class FlatRoute:
+    """The keys of one batch routed straight to their owners.
+
+    ``tags`` (optional, one int64 per key, a function of the key) travel with
+    the keys and arrive as ``owner_tags``.
+    """
+
+    def __init__(self, exchange, keys, world, tags=None):
         self.exchange = exchange
         self.order, self.send_counts = _by_destination(owner_of(keys, world),
                                                        exchange.size)
         self.recv_counts = exchange.counts(self.send_counts)
-        self.owner_keys = exchange.send(keys[self.order], self.send_counts,
-                                        self.recv_counts)
+        received = exchange.send(_with_tags(keys, tags)[self.order], self.send_counts,
+                                 self.recv_counts)
+        self.owner_keys, self.owner_tags = _split_tags(received, tags)
 
     def rows_to_requesters(self, owner_rows):
         back = self.exchange.send(owner_rows, self.recv_counts, self.send_counts)
@@ -98,22 +111,26 @@ class FlatRoute:
 class HierarchicalRoute:
     """Keys routed inside the node first, deduplicated, then across nodes."""
 
-    def __init__(self, router, keys):
+    def __init__(self, router, keys, tags=None):
         intra, inter = router.intra, router.inter
         owner = owner_of(keys, router.world)
         self.intra, self.inter = intra, inter
         self.order_a, self.counts_a = _by_destination(owner % router.local_world,
                                                       intra.size)
         self.recv_a = intra.counts(self.counts_a)
-        node_keys = intra.send(keys[self.order_a], self.counts_a, self.recv_a)
+        node_keys, node_tags = _split_tags(intra.send(
+            _with_tags(keys, tags)[self.order_a], self.counts_a, self.recv_a), tags)
         unique_keys, self.inverse = torch.unique(node_keys, return_inverse=True)
+        unique_tags = None if tags is None else \
+            torch.empty_like(unique_keys).scatter_(0, self.inverse, node_tags)
         owner_node = torch.div(owner_of(unique_keys, router.world), router.local_world,
                                rounding_mode="floor")
         self.order_b, self.counts_b = _by_destination(owner_node, inter.size)
         self.recv_b = inter.counts(self.counts_b)
         self.num_unique = unique_keys.numel()
-        self.owner_keys = inter.send(unique_keys[self.order_b], self.counts_b,
-                                     self.recv_b)
+        received = inter.send(_with_tags(unique_keys, unique_tags)[self.order_b],
+                              self.counts_b, self.recv_b)
+        self.owner_keys, self.owner_tags = _split_tags(received, tags)
 
     def rows_to_requesters(self, owner_rows):
         node_rows = _unpermute(self.inter.send(owner_rows, self.recv_b, self.counts_b),
@@ -136,8 +153,8 @@ class FlatRouter:
         self.world = world
         self.exchange = Exchange(None, list(range(world)), rank, node_of, node_of[rank])
 
-    def route(self, keys):
-        return FlatRoute(self.exchange, keys, self.world)
+    def route(self, keys, tags=None):
+        return FlatRoute(self.exchange, keys, self.world, tags)
 
     @property
     def internode_bytes(self):
@@ -171,8 +188,8 @@ class HierarchicalRouter:
             if i == local:
                 self.inter = Exchange(group, ranks, node, list(range(nodes)), node)
 
-    def route(self, keys):
-        return HierarchicalRoute(self, keys)
+    def route(self, keys, tags=None):
+        return HierarchicalRoute(self, keys, tags)
 
     @property
     def internode_bytes(self):

@@ -24,6 +24,7 @@ from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.backend_kernels.pooling import PooledLookup
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter
+from reckeras.embedding.lifecycle import RowLifecycle
 from reckeras.embedding.table import PhysicalTable
 
 MEAN, SQRTN = 1, 2
@@ -43,6 +44,10 @@ class EmbeddingEngine:
         self.packing = packing
         self.tables = [PhysicalTable(dim, init_scale or dim ** -0.5, seed)
                        for dim in packing.dims]
+        self.lifecycles = [
+            None if all(o.is_default for o in options) else RowLifecycle(table, options)
+            for table, options in zip(self.tables, packing.group_options)]
+        self.step = 0          # training lookups so far (the lifecycle's clock)
         self.optimizer = None
         # The tables are not autograd leaves; this empty tensor is, so that
         # backward reaches PooledLookup even in a model with no dense weights.
@@ -100,6 +105,12 @@ class EmbeddingEngine:
         slot = torch.div(bag, batch, rounding_mode="floor") if batch else bag
         example = bag - slot * batch
         keys = mix64(ids) ^ plan.slot_salt[slot]
+        tags = plan.slot_tag[slot]
+        if training:
+            self.step += 1
+            for lifecycle in self.lifecycles:
+                if lifecycle is not None:
+                    lifecycle.maybe_evict(self.step)
         weight = self._pooling_weight(offsets, bag, slot, num_ids)
         destination = plan.slot_base[slot] * batch + example * plan.slot_stride[slot] \
             + plan.slot_position[slot]
@@ -110,38 +121,59 @@ class EmbeddingEngine:
         for group, (table, layout) in enumerate(zip(self.tables, plan.layouts)):
             if len(self.tables) > 1:            # one iteration per distinct dim
                 chosen = (plan.slot_group[slot] == group).nonzero().squeeze(1)
-                group_keys, group_weight = keys[chosen], weight[chosen]
-                group_destination = destination[chosen]
+                group_keys, group_tags = keys[chosen], tags[chosen]
+                group_weight, group_destination = weight[chosen], destination[chosen]
             else:
-                group_keys, group_weight, group_destination = keys, weight, destination
+                group_keys, group_tags, group_weight, group_destination = \
+                    keys, tags, weight, destination
+            lifecycle = self.lifecycles[group] if training else None
             if self.connect() is None:
-                values, unique, unique_index, group_weight, apply = \
-                    self._local_rows(table, group_keys, group_weight, training)
+                rows = lifecycle.resolve(group_keys, group_tags, self.step) \
+                    if lifecycle else table.rows_of(group_keys, insert=training)
+                values, unique, unique_index, apply = self._local_rows(table, rows)
             else:
                 values, unique, unique_index, apply = \
-                    self._remote_rows(table, group_keys, training)
+                    self._remote_rows(table, lifecycle, group_keys, group_tags, training)
             flat = PooledLookup.apply(
                 self.anchor, values, unique, unique_index, group_destination,
                 group_weight, layout.rows(batch), apply)
             outputs.append(layout.split(flat, batch))
         return outputs
 
-    def _local_rows(self, table, keys, weight, training):
-        rows = table.rows_of(keys, insert=training)
-        if not training:
-            weight = torch.where(rows < 0, 0.0, weight)
-            rows = rows.clamp(min=0)
-        unique, unique_index = unique_rows(rows, table.num_rows)
-        self.requests += unique.numel()
-        apply = functools.partial(self._apply_row_grads, table)
-        return table.weights, unique, unique_index, weight, apply
+    def _local_rows(self, table, rows):
+        """``(values, unique, unique_index, apply)`` for the pooled lookup.
 
-    def _remote_rows(self, table, keys, training):
+        Ids without a row (unseen at inference, not admitted yet) read an
+        extra zero row appended after the unique rows, and get no update.
+        """
+        missing = rows < 0
+        if not bool(missing.any()):
+            unique, unique_index = unique_rows(rows, table.num_rows)
+            self.requests += unique.numel()
+            return table.weights, unique, unique_index, \
+                functools.partial(self._apply_row_grads, table)
+        present = (~missing).nonzero().squeeze(1)
+        unique, position = unique_rows(rows[present], table.num_rows)
+        self.requests += unique.numel()
+        unique_index = torch.full_like(rows, unique.numel())
+        unique_index[present] = position
+        values = torch.cat([table.weights[unique],
+                            table.weights.new_zeros(1, table.dim)])
+        apply = functools.partial(self._apply_row_grads_dropping_last, table, unique)
+        return values, torch.arange(values.shape[0]), unique_index, apply
+
+    def _apply_row_grads_dropping_last(self, table, rows, _, grads):
+        self._apply_row_grads(table, rows, grads[:-1])
+
+    def _remote_rows(self, table, lifecycle, keys, tags, training):
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
-        route = self._router.route(unique_keys)
-        owner_rows = table.rows_of(route.owner_keys, insert=training)
+        unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \
+            if lifecycle else None
+        route = self._router.route(unique_keys, unique_tags)
+        owner_rows = lifecycle.resolve(route.owner_keys, route.owner_tags, self.step) \
+            if lifecycle else table.rows_of(route.owner_keys, insert=training)
         self.requests += owner_rows.numel()
-        # Unseen ids at inference read zeros (row -1 -> a zero vector).
+        # Ids without a row (unseen at inference, not admitted) read zeros.
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
                                    table.weights[owner_rows.clamp(min=0)], 0.0)
         values = route.rows_to_requesters(owner_values)
@@ -150,9 +182,10 @@ class EmbeddingEngine:
 
     def _apply_remote_grads(self, table, route, owner_rows, _, grads):
         owner_grads = route.grads_to_owners(grads) / self.world.size
-        unique, position = unique_rows(owner_rows, table.num_rows)
+        present = (owner_rows >= 0).nonzero().squeeze(1)
+        unique, position = unique_rows(owner_rows[present], table.num_rows)
         summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
-        summed.index_add_(0, position, owner_grads)
+        summed.index_add_(0, position, owner_grads[present])
         self._apply_row_grads(table, unique, summed)
 
     def _pooling_weight(self, offsets, bag, slot, num_ids):

@@ -19,6 +19,7 @@ index inside its sequence.
 import torch
 
 from reckeras.backend_kernels.hashing import mix64
+from reckeras.embedding.lifecycle import TableOptions
 from reckeras.features.specs import Sequence
 
 COMBINER_CODES = {"sum": 0, "mean": 1, "sqrtn": 2, None: 0}
@@ -64,14 +65,28 @@ class PackingPlan:
         slots: sparse feature specs in slot order (see ``features.plan``).
         declaration_order: the same specs in the order the user declared them,
             which is the order of the output features.
+        table_options: ``{logical table name: lifecycle.TableOptions}`` for
+            the tables that use admission or eviction.
     """
 
-    def __init__(self, slots, declaration_order):
+    def __init__(self, slots, declaration_order, table_options=None):
         self.slots = list(slots)
         self.dims = sorted({s.dim for s in self.slots})
         self.tables = {}
         for spec in self.slots:
             self.tables.setdefault(spec.table, spec.dim)
+        table_options = dict(table_options or {})
+        unknown = sorted(set(table_options) - set(self.tables))
+        if unknown:
+            raise ValueError(f"table_options names unknown table(s) {unknown}; the "
+                             f"tables are {sorted(self.tables)}")
+        # A slot's tag: its logical table's index among its group's tables.
+        self.group_tables = [[t for t, dim in self.tables.items() if dim == d]
+                             for d in self.dims]
+        self.group_options = [[table_options.get(t, TableOptions()) for t in tables]
+                              for tables in self.group_tables]
+        self.slot_tag = torch.tensor([self.group_tables[self.dims.index(s.dim)]
+                                      .index(s.table) for s in self.slots])
         self.output_names = [s.name for s in declaration_order]
         self.layouts = [GroupLayout(
             dim,

@@ -42,7 +42,7 @@ class PhysicalTable:
         self.device = torch.device(device or "cpu")
         self.slot_keys, self.slot_rows = hash_table.new_slots(16, self.device)
         self.num_rows = 0
-        self.keys = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.keys = torch.empty(1, dtype=torch.int64, device=self.device)
         self.weights = torch.zeros(1, dim, device=self.device)
         self.state = torch.zeros(1, 0, device=self.device)
         self.state_init = 0.0

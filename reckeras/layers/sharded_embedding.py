@@ -4,6 +4,7 @@ import keras
 import numpy as np
 
 from reckeras.embedding.engine import EmbeddingEngine
+from reckeras.embedding.lifecycle import TableOptions
 from reckeras.embedding.packing import PackingPlan
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import deserialize, serialize
@@ -38,6 +39,9 @@ class ShardedEmbedding(keras.layers.Layer):
             by default ``1 / sqrt(dim)`` of their table.
         seed: seed of the rows' initial values (a row's initial value depends
             only on its id, table and seed).
+        table_options: ``{table name: rk.embedding.TableOptions(...)}`` (or
+            dicts of its fields) for tables with admission or eviction; an
+            unknown table name is an error.
         **kwargs: base Layer arguments.
 
     Example:
@@ -45,7 +49,8 @@ class ShardedEmbedding(keras.layers.Layer):
         >>> emb = rk.layers.ShardedEmbedding(columns)(sparse)   # [B, F, D]
     """
 
-    def __init__(self, columns, output="stacked", init_scale=None, seed=0, **kwargs):
+    def __init__(self, columns, output="stacked", init_scale=None, seed=0,
+                 table_options=None, **kwargs):
         super().__init__(**kwargs)
         specs = columns.specs if hasattr(columns, "specs") else \
             [deserialize(s) for s in columns]
@@ -56,7 +61,11 @@ class ShardedEmbedding(keras.layers.Layer):
         plan = TransformPlan(specs)
         if output not in OUTPUT_MODES:
             raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}")
-        self.packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order)
+        self.table_options = {
+            name: options if isinstance(options, TableOptions) else TableOptions(**options)
+            for name, options in (table_options or {}).items()}
+        self.packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order,
+                                   self.table_options)
         if output == "stacked" and len(self.packing.dims) > 1:
             dims = {s.name: s.dim for s in plan.slots}
             raise ValueError(f"output='stacked' needs one dim for all sparse "
@@ -122,4 +131,6 @@ class ShardedEmbedding(keras.layers.Layer):
         return {**super().get_config(),
                 "columns": [serialize(s) for s in self.specs],
                 "output": self.output_mode, "init_scale": self.init_scale,
-                "seed": self.seed}
+                "seed": self.seed,
+                "table_options": {name: options.get_config()
+                                  for name, options in self.table_options.items()}}

@@ -7,7 +7,7 @@ from reckeras.pipeline.model import Model
 
 
 def dlrm(columns, bottom_units=(512, 256, 16), top_units=(512, 256, 1),
-         self_interaction=False, output_activation="sigmoid"):
+         self_interaction=False, output_activation="sigmoid", table_options=None):
     """An uncompiled DLRM over ``columns``.
 
     Dense features go through the bottom MLP, whose output joins the pooled
@@ -22,6 +22,8 @@ def dlrm(columns, bottom_units=(512, 256, 16), top_units=(512, 256, 1),
         top_units: widths of the top MLP; the last is the output width.
         self_interaction: include each vector's dot with itself.
         output_activation: activation of the last top layer.
+        table_options: per-table admission/eviction options, passed to
+            ``ShardedEmbedding``.
 
     Returns:
         An ``rk.Model``.
@@ -41,7 +43,7 @@ def dlrm(columns, bottom_units=(512, 256, 16), top_units=(512, 256, 1),
                          f"embedding dim ({next(iter(dims))})")
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
-    embedded = ShardedEmbedding(columns)(sparse)
+    embedded = ShardedEmbedding(columns, table_options=table_options)(sparse)
     bottom = MLP(list(bottom_units))(dense)
     interaction = DotInteraction(self_interaction=self_interaction)([bottom, embedded])
     output = MLP(list(top_units), output_activation=output_activation)(interaction)

@@ -1,5 +1,7 @@
 """Shared model and data of the distributed test workers."""
 
+import os
+
 import reckeras as rk  # first: selects Keras's torch backend
 from reckeras import distributed
 
@@ -30,7 +32,11 @@ def model():
         rk.features.Categorical("b", dim=4, table="shared"),
         rk.features.Categorical("c", dim=4, table="shared"),
         rk.features.Sequence("h", dim=4, max_len=4, combiner="mean")])
-    m = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1))
+    options = {"shared": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=3,
+                                                   evict_every=4)} \
+        if os.environ.get("RK_TEST_LIFECYCLE") else None
+    m = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
+                       table_options=options)
     m.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
     return m
