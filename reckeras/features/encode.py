@@ -49,12 +49,13 @@ def as_table(batch):
                     f"arrays, got {type(batch).__name__}")
 
 
-def _column(table, spec):
-    if spec.name not in table.column_names:
+def _column(table, positions, spec):
+    position = positions.get(spec.name)
+    if position is None:
         raise FeatureInputError(
             f"feature {spec.name!r}: the batch has no column {spec.name!r} "
             f"(columns: {table.column_names[:20]})")
-    column = table.column(spec.name)
+    column = table.column(position)
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
@@ -90,8 +91,10 @@ def _ids(spec, values):
         if spec.dtype == "string":
             raise FeatureInputError(f"feature {spec.name!r} is declared string but "
                                     f"the column holds {values.type}")
-        ids = np.asarray(values.cast(pa.int64()).fill_null(0)
-                         .to_numpy(zero_copy_only=False), dtype=np.int64)
+        if values.type != pa.int64():
+            values = values.cast(pa.int64())
+        filled = values.fill_null(0) if values.null_count else values
+        ids = np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
         if (ids < 0).any():
             bad = int(ids[ids < 0][0])
             raise FeatureInputError(f"feature {spec.name!r}: negative id {bad}; ids "
@@ -156,8 +159,10 @@ def encode(specs, batch):
     if table.num_rows == 0:
         raise FeatureInputError("empty batch: it has no rows")
     inputs = {}
+    # Table.column(name) scans the schema: look names up once per batch.
+    positions = {name: i for i, name in enumerate(table.column_names)}
     for spec in specs:                 # host side, once per column and batch
-        column = _column(table, spec)
+        column = _column(table, positions, spec)
         if isinstance(spec, Numeric):
             inputs[spec.name] = _numbers(spec, column)
         elif isinstance(spec, Categorical) and spec.boundaries is not None:
