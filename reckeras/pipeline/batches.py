@@ -65,17 +65,34 @@ def as_data(x, y=None, label="label"):
     return InMemoryData(table, label if label in table.column_names else None)
 
 
-def to_tensors(columns, batch, label, with_label):
-    """``(inputs, y)`` torch tensors of one raw batch."""
+def _column_values(batch, name, role):
+    if name is None or name not in batch.column_names:
+        raise FeatureInputError(f"the batch has no {role} column {name!r}")
+    column = batch.column(name)
+    if column.null_count:
+        raise FeatureInputError(f"{role} column {name!r} has missing values")
+    return column
+
+
+def to_tensors(columns, batch, label, with_label, weight_column=None):
+    """``(inputs, labels, weights)`` torch tensors of one raw batch.
+
+    ``labels`` is None when ``with_label`` is false, ``weights`` when there
+    is no ``weight_column``.
+    """
     inputs = {name: torch.from_numpy(np.require(value, requirements="W")).to(get_device())
               for name, value in columns.encode(batch).items()}
+    weights = None
+    if weight_column is not None:
+        column = _column_values(batch, weight_column, "sample weight")
+        weights = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+        if not np.isfinite(weights).all() or (weights < 0).any():
+            raise FeatureInputError(f"sample weight column {weight_column!r} must be "
+                                    f"finite and non-negative")
+        weights = torch.from_numpy(weights.copy()).to(get_device())
     if not with_label:
-        return inputs, None
-    if label is None or label not in batch.column_names:
-        raise FeatureInputError(f"the batch has no label column {label!r}")
-    column = batch.column(label)
-    if column.null_count:
-        raise FeatureInputError(f"label column {label!r} has missing values")
+        return inputs, None, weights
+    column = _column_values(batch, label, "label")
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_fixed_size_list(column.type):
@@ -85,4 +102,4 @@ def to_tensors(columns, batch, label, with_label):
         y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
     if not np.isfinite(y).all():
         raise FeatureInputError(f"label column {label!r} has NaN or inf")
-    return inputs, torch.from_numpy(np.require(y, requirements="W")).to(get_device())
+    return inputs, torch.from_numpy(np.require(y, requirements="W")).to(get_device()), weights

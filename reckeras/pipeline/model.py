@@ -1,5 +1,6 @@
 """rk.Model: a keras.Model whose fit/evaluate/predict read reckeras data."""
 
+import itertools
 import time
 
 import keras
@@ -15,6 +16,7 @@ from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.pipeline.batches import as_data, to_tensors
+from reckeras.pipeline.prefetch import Pipeline
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -167,12 +169,25 @@ class Model(keras.Model):
 
     # ---- loops -----------------------------------------------------------------------
 
-    def _batches(self, data, batch_size, with_label, shuffle=False, seed=0):
+    def _batches(self, data, batch_size, with_label, shuffle=False, seed=0,
+                 sample_weight=None, pipeline=True, prefetch_depth=2):
+        """The pipeline of ``(rows, (inputs, labels, weights))`` batches.
+
+        Stages (see ``prefetch.Pipeline``): read this rank's shard, then
+        encode (validate, hash strings, numpy -> torch). With ``pipeline`` they
+        run in background threads, ``prefetch_depth`` batches ahead.
+        """
         columns = self.feature_columns
         world = distributed.world()
-        for batch in data.batches(batch_size, shuffle=shuffle, seed=seed,
-                                  shard_index=world.rank, num_shards=world.size):
-            yield batch.num_rows, to_tensors(columns, batch, data.label, with_label)
+        source = data.batches(batch_size, shuffle=shuffle, seed=seed,
+                              shard_index=world.rank, num_shards=world.size)
+
+        def encode(batch):
+            return batch.num_rows, to_tensors(columns, batch, data.label, with_label,
+                                              sample_weight)
+
+        return Pipeline(source, [("encode", encode)], depth=prefetch_depth,
+                        threads=pipeline)
 
     def _num_steps(self, data, batch_size, limit=None):
         """Steps every rank can take (collectives need the same count)."""
@@ -203,7 +218,7 @@ class Model(keras.Model):
 
     def fit(self, x=None, y=None, batch_size=4096, epochs=1, verbose=1, callbacks=None,
             validation_data=None, shuffle=True, seed=0, steps_per_epoch=None,
-            initial_epoch=0):
+            initial_epoch=0, sample_weight=None, pipeline=True, prefetch_depth=2):
         """Trains the model.
 
         Args:
@@ -219,6 +234,10 @@ class Model(keras.Model):
             steps_per_epoch: stop an epoch after this many steps.
             initial_epoch: epoch to start at (to resume from a checkpoint:
                 epoch ``e`` always uses shuffle seed ``seed + e``).
+            sample_weight: name of a column of per-example loss weights.
+            pipeline: prepare batches in background threads (the result is
+                the same either way; see ``docs/pipeline.md``).
+            prefetch_depth: batches each pipeline stage may run ahead.
 
         Returns:
             The ``keras.callbacks.History``.
@@ -240,28 +259,33 @@ class Model(keras.Model):
         callback_list.on_train_begin()
         logs = {}
         epoch_logs = {}
+        self.pipeline_stats = {}
         for epoch in range(initial_epoch, epochs):
             self.reset_metrics()
             callback_list.on_epoch_begin(epoch)
             bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
                        disable=not verbose, leave=True)
-            examples, started = 0, time.perf_counter()
-            for step, (rows, (inputs, labels)) in enumerate(
-                    self._batches(data, batch_size, True, shuffle, seed + epoch)):
-                if step >= steps:
-                    break
-                callback_list.on_train_batch_begin(step)
-                logs = self.train_step((inputs, labels))
-                callback_list.on_train_batch_end(step, logs)
-                examples += rows
-                bar.update(1)
-                if step % 10 == 0 or step == steps - 1:
-                    rate = examples / (time.perf_counter() - started)
-                    bar.set_postfix(loss=f"{float(logs['loss']):.4f}",
-                                    ex_s=f"{rate:,.0f}")
-                if self.stop_training:
-                    break
+            examples, started, step_s = 0, time.perf_counter(), 0.0
+            batches = self._batches(data, batch_size, True, shuffle, seed + epoch,
+                                    sample_weight, pipeline, prefetch_depth)
+            with batches as items:
+                for step, (rows, batch) in enumerate(itertools.islice(items, steps)):
+                    callback_list.on_train_batch_begin(step)
+                    step_started = time.perf_counter()
+                    logs = self.train_step(batch)
+                    step_s += time.perf_counter() - step_started
+                    callback_list.on_train_batch_end(step, logs)
+                    examples += rows
+                    bar.update(1)
+                    if step % 10 == 0 or step == steps - 1:
+                        rate = examples / (time.perf_counter() - started)
+                        bar.set_postfix(loss=f"{float(logs['loss']):.4f}",
+                                        ex_s=f"{rate:,.0f}")
+                    if self.stop_training:
+                        break
             bar.close()
+            self._record_pipeline_stats(batches, step_s, examples,
+                                        time.perf_counter() - started)
             epoch_logs = _python_logs(self._get_metrics_result_or_logs(logs))
             if validation_data is not None:
                 val_logs = self.evaluate(validation_data, batch_size=batch_size,
@@ -276,8 +300,30 @@ class Model(keras.Model):
         callback_list.on_train_end(epoch_logs)
         return self.history
 
+    def _record_pipeline_stats(self, batches, step_s, examples, seconds):
+        """Adds one epoch's figures to ``self.pipeline_stats``."""
+        epoch = batches.stats()
+        epoch["step"] = {"items": batches.stages[-1].items, "busy_s": round(step_s, 4)}
+        epoch["examples"] = examples
+        epoch["wall_s"] = round(seconds, 4)
+        totals = self.pipeline_stats
+        for name, value in epoch.items():
+            if isinstance(value, dict):
+                merged = totals.setdefault(name, {})
+                for key, number in value.items():
+                    if key == "mean_queue_occupancy":   # average over epochs
+                        count = totals.get("epochs", 0)
+                        merged[key] = round((merged.get(key, 0) * count + number)
+                                            / (count + 1), 3)
+                    else:
+                        merged[key] = round(merged.get(key, 0) + number, 4)
+            else:
+                totals[name] = round(totals.get(name, 0) + value, 4)
+        totals["epochs"] = totals.get("epochs", 0) + 1
+        totals["examples_per_s"] = round(totals["examples"] / max(totals["wall_s"], 1e-9), 1)
+
     def evaluate(self, x=None, y=None, batch_size=4096, verbose=1, return_dict=False,
-                 steps=None, callbacks=None):
+                 steps=None, callbacks=None, sample_weight=None):
         """Loss and metrics on data, like ``keras.Model.evaluate``.
 
         Args:
@@ -287,6 +333,7 @@ class Model(keras.Model):
             return_dict: return ``{name: value}`` instead of a list.
             steps: stop after this many steps.
             callbacks: Keras callbacks (test hooks are called).
+            sample_weight: name of a column of per-example loss weights.
         """
         data = as_data(x, y)
         total = self._num_steps(data, batch_size, steps)
@@ -296,14 +343,13 @@ class Model(keras.Model):
         self.reset_metrics()
         callback_list.on_test_begin()
         logs = {}
-        with torch.no_grad():
-            for step, (_, (inputs, labels)) in enumerate(tqdm(
-                    self._batches(data, batch_size, True), total=total,
-                    desc="Evaluate", unit="step", disable=not verbose)):
-                if step >= total:
-                    break
+        with torch.no_grad(), self._batches(data, batch_size, True,
+                                            sample_weight=sample_weight) as items:
+            for step, (_, batch) in enumerate(tqdm(
+                    itertools.islice(items, total), total=total, desc="Evaluate",
+                    unit="step", disable=not verbose)):
                 callback_list.on_test_batch_begin(step)
-                logs = self.test_step((inputs, labels))
+                logs = self.test_step(batch)
                 callback_list.on_test_batch_end(step, logs)
         logs = _python_logs(self._get_metrics_result_or_logs(logs))
         callback_list.on_test_end(logs)
@@ -325,12 +371,10 @@ class Model(keras.Model):
         data = as_data(x)
         total = self._num_steps(data, batch_size, steps)
         outputs = []
-        with torch.no_grad():
-            for step, (_, (inputs, _)) in enumerate(tqdm(
-                    self._batches(data, batch_size, False), total=total,
-                    desc="Predict", unit="step", disable=not verbose)):
-                if step >= total:
-                    break
+        with torch.no_grad(), self._batches(data, batch_size, False) as items:
+            for inputs, _, _ in tqdm((batch for _, batch in itertools.islice(items, total)),
+                                     total=total, desc="Predict", unit="step",
+                                     disable=not verbose):
                 outputs.append(keras.ops.convert_to_numpy(self(inputs, training=False)))
         if not outputs:
             raise ValueError("predict() received no data")

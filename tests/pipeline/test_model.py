@@ -140,3 +140,38 @@ def test_embedding_stats():
                                 "bytes": table.memory_bytes()}]
     assert table.num_rows == 40          # 20 ids of "a" + 20 of "b"
     assert rank0["requests"] > 0 and layer_stats["rows_imbalance"] == 1.0
+
+
+def test_pipelined_fit_equals_sequential_fit():
+    data = synthetic(2048)
+    results = []
+    for pipeline in (True, False):
+        model = build()
+        model.fit(data, batch_size=256, epochs=2, verbose=0, pipeline=pipeline,
+                  prefetch_depth=3)
+        results.append(snapshot(model))
+        stats = model.pipeline_stats
+        assert stats["step"]["items"] == 16 and stats["examples"] == 2 * 2048
+        assert stats["read"]["items"] == stats["encode"]["items"] == 16
+        assert stats["examples_per_s"] > 0
+    assert_same(*results)
+
+
+def test_sample_weights_scale_the_loss():
+    data = synthetic(512)
+    weights = np.where(np.arange(512) % 2 == 0, 2.0, 0.0).astype(np.float32)
+    data = data.append_column("w", pa.array(weights))
+    model = build()
+    model.fit(data, batch_size=512, verbose=0, sample_weight="w")
+    p = model.predict(data, batch_size=512)[:, 0].astype(np.float64)
+    y = data.column("label").to_numpy()
+    eps = 1e-7
+    per_example = -(y * np.log(np.clip(p, eps, 1)) + (1 - y) * np.log(np.clip(1 - p, eps, 1)))
+    logs = model.evaluate(data, batch_size=512, verbose=0, return_dict=True)
+    np.testing.assert_allclose(logs["loss"], per_example.mean(), rtol=1e-4)
+    # Keras's reduction: sum(w * loss) / batch size.
+    weighted = model.evaluate(data, batch_size=512, verbose=0, return_dict=True,
+                              sample_weight="w")
+    np.testing.assert_allclose(weighted["loss"], (weights * per_example).mean(), rtol=1e-4)
+    with pytest.raises(rk.features.FeatureInputError, match="sample weight column 'zz'"):
+        model.fit(data, batch_size=512, verbose=0, sample_weight="zz")
