@@ -64,6 +64,18 @@ class _SortedRun:
             torch.cat([self.negative, other.negative]))
 
 
+def _gather(obj):
+    """Every rank's ``obj``, in rank order (just ``[obj]`` in one process)."""
+    from reckeras import distributed
+    world = distributed.world()
+    if world.size == 1:
+        return [obj]
+    parts = [None] * world.size
+    with distributed.collective("reducing metrics across ranks"):
+        torch.distributed.all_gather_object(parts, obj)
+    return parts
+
+
 def _as_cpu_float64(values):
     if isinstance(values, torch.Tensor):
         return values.detach().to(device="cpu", dtype=torch.float64)
@@ -186,3 +198,99 @@ class AUC(keras.metrics.Metric):
         else:
             auc = 0.0
         return keras.ops.convert_to_tensor(auc, dtype=self.dtype)
+
+    def sync_across_ranks(self):
+        """Merges every rank's examples, so ``result()`` is the exact global AUC."""
+        local = [(r.scores, r.positive, r.negative) for r in self._runs]
+        runs = [run for part in _gather(local) for run in part]
+        self.reset_state()
+        if runs:
+            merged = _SortedRun.from_weights(*(torch.cat(parts) for parts in zip(*runs)))
+            self._runs = [merged]
+            self._ordered_pairs = merged.ordered_pairs_within()
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class GAUC(keras.metrics.Metric):
+    """Group AUC: the AUC of every group (e.g. user), averaged by group size.
+
+    ``GAUC = sum_g n_g * AUC_g / sum_g n_g`` over the groups that hold both
+    a positive and a negative example (AUC is undefined for the others);
+    ``n_g`` is the group's number of examples. Each ``AUC_g`` is exact, with
+    tied scores counting 1/2. The group of each example is the model input
+    named ``group``: ``rk.Model`` passes it to the metric.
+
+    Args:
+        group: name of the model input (feature) that identifies the group.
+        name: metric name.
+        dtype: result dtype.
+
+    Example:
+        ```python
+        model.compile(optimizer="adam", loss="binary_crossentropy",
+                      embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
+                      metrics=[rk.metrics.AUC(), rk.metrics.GAUC(group="user_id")])
+        ```
+    """
+
+    def __init__(self, group, name="gauc", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"GAUC needs the name of the group input, got {group!r}")
+        self.group = group
+        self.reset_state()
+
+    def reset_state(self):
+        self._parts = []
+
+    def update_state(self, y_true, y_pred, sample_weight=None, groups=None):
+        if in_stateless_scope():
+            return
+        if groups is None:
+            raise ValueError(f"GAUC needs the group ids of every example (input "
+                             f"{self.group!r}); use it with rk.Model, which passes them")
+        scores = _as_cpu_float64(y_pred).reshape(-1).numpy()
+        labels = _as_cpu_float64(y_true).reshape(-1).numpy()
+        groups = np.asarray(keras.ops.convert_to_numpy(groups)).reshape(-1)
+        if not len(scores) == len(labels) == len(groups):
+            raise ValueError(f"GAUC needs one label and one group per score; got "
+                             f"{len(labels)} labels, {len(groups)} groups and "
+                             f"{len(scores)} scores")
+        self._parts.append((groups.astype(np.int64), labels, scores))
+
+    def sync_across_ranks(self):
+        """Gathers every rank's examples, so ``result()`` is global."""
+        self._parts = [part for parts in _gather(list(self._parts)) for part in parts]
+
+    def result(self):
+        if not self._parts:
+            return keras.ops.convert_to_tensor(0.0, dtype=self.dtype)
+        groups, labels, scores = (np.concatenate(c) for c in zip(*self._parts))
+        order = np.lexsort((scores, groups))
+        groups, labels, scores = groups[order], labels[order], scores[order]
+        n = len(groups)
+        # Average 1-based ranks inside each (group, tied score) run.
+        new_group = np.r_[True, groups[1:] != groups[:-1]]
+        new_tie = new_group | np.r_[True, scores[1:] != scores[:-1]]
+        group_id = np.cumsum(new_group) - 1
+        group_start = np.flatnonzero(new_group)
+        tie_id = np.cumsum(new_tie) - 1
+        tie_start = np.flatnonzero(new_tie)
+        tie_end = np.r_[tie_start[1:], n]
+        tie_first = tie_start[tie_id] - group_start[group_id]
+        tie_last = tie_end[tie_id] - 1 - group_start[group_id]
+        rank = (tie_first + tie_last) / 2.0 + 1.0
+        positives = np.bincount(group_id, weights=labels)
+        sizes = np.bincount(group_id)
+        negatives = sizes - positives
+        rank_sum = np.bincount(group_id, weights=rank * labels)
+        valid = (positives > 0) & (negatives > 0)
+        if not valid.any():
+            return keras.ops.convert_to_tensor(0.0, dtype=self.dtype)
+        auc = (rank_sum[valid] - positives[valid] * (positives[valid] + 1) / 2.0) / (
+            positives[valid] * negatives[valid])
+        value = float((auc * sizes[valid]).sum() / sizes[valid].sum())
+        return keras.ops.convert_to_tensor(value, dtype=self.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "group": self.group}

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from reckeras import distributed
 from reckeras import optimizers as sparse_optimizers
+from reckeras.metrics import GAUC
 from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
@@ -60,7 +61,8 @@ class Model(keras.Model):
 
     # ---- compile -----------------------------------------------------------------
 
-    def compile(self, optimizer="rmsprop", loss=None, embedding_optimizer=None, **kwargs):
+    def compile(self, optimizer="rmsprop", loss=None, embedding_optimizer=None,
+                metrics=None, **kwargs):
         """Configures training.
 
         Args:
@@ -69,9 +71,16 @@ class Model(keras.Model):
             embedding_optimizer: a ``rk.optimizers`` sparse optimizer (or its
                 name) for the embedding tables. Required when the model has a
                 ShardedEmbedding layer.
-            **kwargs: other ``keras.Model.compile`` arguments (metrics, ...).
+            metrics: Keras metrics; ``rk.metrics.GAUC`` also receives the
+                group ids of every example from the model's inputs.
+            **kwargs: other ``keras.Model.compile`` arguments.
         """
-        super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        metrics = list(metrics or [])
+        group_metrics = [m for m in metrics if isinstance(m, GAUC)]
+        super().compile(optimizer=optimizer, loss=loss,
+                        metrics=[m for m in metrics if not isinstance(m, GAUC)] or None,
+                        **kwargs)
+        self._group_metrics = group_metrics
         if embedding_optimizer is None and self.embedding_layers:
             raise ValueError("the model has ShardedEmbedding tables: pass "
                              "embedding_optimizer=rk.optimizers.RowWiseAdagrad(...) "
@@ -86,11 +95,15 @@ class Model(keras.Model):
         if config and self.embedding_optimizer is not None:
             config["embedding_optimizer"] = sparse_optimizers.serialize(
                 self.embedding_optimizer)
+        if config and self._group_metrics:
+            config["group_metrics"] = [m.get_config() for m in self._group_metrics]
         return config
 
     def compile_from_config(self, config):
         embedding_optimizer = config.pop("embedding_optimizer", None)
+        group_metrics = [GAUC(**c) for c in config.pop("group_metrics", [])]
         config = serialization_lib.deserialize_keras_object(config)
+        config["metrics"] = list(config.get("metrics") or []) + group_metrics
         self.compile(embedding_optimizer=embedding_optimizer, **config)
         if self.built:
             self.optimizer.build(self.trainable_variables)
@@ -166,6 +179,27 @@ class Model(keras.Model):
                 distributed.all_reduce_mean_([g for g in gradients if g is not None])
                 self.optimizer.apply(gradients, trainable)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        for metric in self._group_metrics:
+            metric.update_state(y, y_pred, sample_weight, groups=x[metric.group])
+        return super().compute_metrics(x, y, y_pred, sample_weight)
+
+    def _synced_metrics_result(self, logs):
+        """Metrics over all ranks' examples (exact AUC/GAUC; summed means)."""
+        if distributed.world().size > 1:
+            leaves = []
+            for metric in self.metrics:
+                leaves.extend(getattr(metric, "metrics", None) or [metric])
+            for metric in leaves:
+                if hasattr(metric, "sync_across_ranks"):
+                    metric.sync_across_ranks()
+                elif metric.variables:
+                    # Mean-style metrics keep (total, count): sums reduce them.
+                    with distributed.collective("reducing metrics across ranks"):
+                        for variable in metric.variables:
+                            torch.distributed.all_reduce(variable.value.data)
+        return _python_logs(self._get_metrics_result_or_logs(logs))
 
     # ---- loops -----------------------------------------------------------------------
 
@@ -286,7 +320,7 @@ class Model(keras.Model):
             bar.close()
             self._record_pipeline_stats(batches, step_s, examples,
                                         time.perf_counter() - started)
-            epoch_logs = _python_logs(self._get_metrics_result_or_logs(logs))
+            epoch_logs = self._synced_metrics_result(logs)
             if validation_data is not None:
                 val_logs = self.evaluate(validation_data, batch_size=batch_size,
                                          verbose=0, return_dict=True)
@@ -351,7 +385,7 @@ class Model(keras.Model):
                 callback_list.on_test_batch_begin(step)
                 logs = self.test_step(batch)
                 callback_list.on_test_batch_end(step, logs)
-        logs = _python_logs(self._get_metrics_result_or_logs(logs))
+        logs = self._synced_metrics_result(logs)
         callback_list.on_test_end(logs)
         if return_dict:
             return logs

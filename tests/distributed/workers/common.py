@@ -38,7 +38,8 @@ def model():
     m = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
                        table_options=options)
     m.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
-              embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
+              embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
+              metrics=[rk.metrics.AUC(), rk.metrics.GAUC(group="c")])
     return m
 
 
@@ -71,10 +72,14 @@ def _flatten_tables(tables):
 
 
 def save_all(m, path):
-    """Gathers tables on every rank (collective), rank 0 writes them."""
+    """Gathers tables on every rank (collective), rank 0 writes them with the
+    evaluation metrics (reduced over all ranks)."""
     tables = gathered_tables(m)
+    logs = m.evaluate(data(), batch_size=GLOBAL_BATCH // distributed.world().size,
+                      verbose=0, return_dict=True)
     if distributed.world().rank == 0:
         np.savez(path, **{f"dense{i}": w.numpy() for i, w in enumerate(m.weights)},
-                 **_flatten_tables(tables))
+                 **_flatten_tables(tables),
+                 **{f"metric_{k}": np.array(v) for k, v in logs.items()})
     if distributed.world().size > 1:
         dist.barrier()
