@@ -9,6 +9,7 @@ from reckeras._backend import BackendError, select_torch_backend
 
 select_torch_backend()
 
+from reckeras import callbacks  # noqa: E402
 from reckeras import datasets  # noqa: E402
 from reckeras import distributed  # noqa: E402
 from reckeras import embedding  # noqa: E402
@@ -22,5 +23,5 @@ from reckeras.pipeline.model import Model  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["BackendError", "Model", "datasets", "distributed", "embedding", "features",
+__all__ = ["BackendError", "Model", "callbacks", "datasets", "distributed", "embedding", "features",
            "layers", "metrics", "models", "optimizers"]

@@ -1,0 +1,109 @@
+"""Keras callbacks that know about reckeras's tables and ranks."""
+
+import math
+import os
+
+import keras
+import numpy as np
+
+from reckeras import distributed
+
+
+class ModelCheckpoint(keras.callbacks.Callback):
+    """Writes a reckeras checkpoint (tables included) at the end of epochs.
+
+    Unlike ``keras.callbacks.ModelCheckpoint``, it writes with
+    ``rk.Model.save_checkpoint``: every rank saves the rows it owns, the save
+    is atomic, and the result loads on any number of ranks.
+
+    Args:
+        filepath: checkpoint directory; may contain ``{epoch}`` and log names,
+            e.g. ``"ckpt/epoch{epoch:02d}-{val_auc:.4f}"``.
+        monitor: log watched by ``save_best_only``.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (max for names containing
+            "auc" or "acc", else min).
+        save_best_only: only save when ``monitor`` improves.
+
+    Example:
+        >>> model.fit(train, epochs=3, validation_data=test, callbacks=[
+        ...     rk.callbacks.ModelCheckpoint("ckpt/epoch{epoch}", monitor="val_auc",
+        ...                                  save_best_only=True)])
+    """
+
+    def __init__(self, filepath, monitor="val_loss", mode="auto", save_best_only=False):
+        super().__init__()
+        if mode not in ("auto", "min", "max"):
+            raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
+        if mode == "auto":
+            mode = "max" if ("auc" in monitor or "acc" in monitor) else "min"
+        self.filepath = os.fspath(filepath)
+        self.monitor = monitor
+        self.mode = mode
+        self.save_best_only = save_best_only
+        self.best = -math.inf if mode == "max" else math.inf
+        self.saved = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if self.save_best_only:
+            if self.monitor not in logs:
+                raise KeyError(f"ModelCheckpoint monitors {self.monitor!r}, which is "
+                               f"not in the logs {sorted(logs)}")
+            value = logs[self.monitor]
+            better = value > self.best if self.mode == "max" else value < self.best
+            if not better:
+                return
+            self.best = value
+        path = self.filepath.format(epoch=epoch + 1, **logs)
+        self.model.save_checkpoint(path)
+        self.saved.append(path)
+
+
+class TensorBoard(keras.callbacks.Callback):
+    """Writes epoch (and optionally batch) logs as TensorBoard event files.
+
+    Keras's own TensorBoard callback needs TensorFlow; this one writes with
+    ``torch.utils.tensorboard`` (install the ``tensorboard`` package). Under
+    torchrun only rank 0 writes, and the logs are already reduced over ranks.
+
+    Args:
+        log_dir: directory of the event files.
+        update_freq: ``"epoch"``, or an int N to also log every N batches.
+
+    Example:
+        >>> model.fit(train, epochs=3, callbacks=[rk.callbacks.TensorBoard("runs/dlrm")])
+    """
+
+    def __init__(self, log_dir, update_freq="epoch"):
+        super().__init__()
+        if update_freq != "epoch" and not (isinstance(update_freq, int) and update_freq > 0):
+            raise ValueError(f"update_freq must be 'epoch' or a positive int, "
+                             f"got {update_freq!r}")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as error:
+            raise ImportError("rk.callbacks.TensorBoard needs the tensorboard package: "
+                              "pip install tensorboard") from error
+        self.log_dir = os.fspath(log_dir)
+        self.update_freq = update_freq
+        self._writer = SummaryWriter(self.log_dir) if distributed.world().is_main else None
+        self._batches = 0
+
+    def _write(self, logs, step, prefix):
+        if self._writer is None:
+            return
+        for name, value in (logs or {}).items():
+            self._writer.add_scalar(f"{prefix}{name}", float(np.asarray(value)), step)
+        self._writer.flush()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if self.update_freq != "epoch" and self._batches % self.update_freq == 0:
+            self._write(logs, self._batches, "batch_")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._write(logs, epoch, "epoch_")
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
