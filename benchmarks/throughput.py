@@ -1,0 +1,110 @@
+"""Training throughput, side by side in one run: reckeras vs the baselines.
+
+For the `dlrm` and `wide` workloads of DESIGN.md (batch 2048, Adagrad-style
+optimizers), trains on the same pre-generated batches with:
+
+* reckeras, pipeline on (``rk.Model.fit``, prefetch threads) and off;
+* plain Keras (one ``keras.layers.Embedding`` per field, ``model.fit``);
+* plain PyTorch (one ``nn.EmbeddingBag`` per field, sparse Adagrad);
+* TorchRec (``EmbeddingBagCollection`` under ``DistributedModelParallel``,
+  Adagrad fused in backward), when the ``bench`` extra is installed.
+
+Prints ``<workload> <system> examples_per_s=<n>`` per system and workload,
+then the ratios of reckeras to each baseline.
+
+    python benchmarks/throughput.py [--workloads dlrm wide] [--steps 20]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import reckeras as rk  # noqa: E402  (selects Keras's torch backend first)
+
+import keras  # noqa: E402
+import torch  # noqa: E402
+
+import baselines  # noqa: E402
+from workloads import NUM_DENSE, WORKLOADS, make_batches, to_arrow  # noqa: E402
+
+LEARNING_RATE = baselines.LEARNING_RATE
+
+
+def reckeras_model(workload):
+    """The workload's model from reckeras's public layers."""
+    columns = rk.layers.FeatureColumns(
+        [rk.features.Numeric(f"I{i + 1}") for i in range(NUM_DENSE)]
+        + [rk.features.Categorical(f"C{f + 1}", dim=workload.dim)
+           for f in range(workload.num_fields)])
+    if workload.interaction == "dot":
+        model = rk.models.dlrm(columns, bottom_units=workload.bottom,
+                               top_units=workload.top)
+    else:
+        inputs = columns.inputs()
+        dense, sparse = columns(inputs)
+        embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
+        bottom = rk.layers.MLP(list(workload.bottom), output_activation="relu")(dense)
+        joined = keras.layers.Concatenate()([bottom, embedded])
+        output = rk.layers.MLP(list(workload.top), output_activation="sigmoid")(joined)
+        model = rk.Model(inputs, output)
+    model.compile(optimizer=keras.optimizers.Adagrad(LEARNING_RATE),
+                  loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.Adagrad(LEARNING_RATE))
+    return model
+
+
+def run_reckeras(workload, batches, warmup, pipeline):
+    """examples/s of ``rk.Model.fit`` over the batches after ``warmup``."""
+    keras.utils.set_random_seed(0)
+    table = to_arrow(batches, workload)
+    batch_size = len(batches[0][2])
+    model = reckeras_model(workload)
+    model.fit(table.slice(0, warmup * batch_size), batch_size=batch_size, verbose=0,
+              shuffle=False, pipeline=pipeline)
+    timed = table.slice(warmup * batch_size)
+    started = time.perf_counter()
+    model.fit(timed, batch_size=batch_size, verbose=0, shuffle=False, pipeline=pipeline)
+    return timed.num_rows / (time.perf_counter() - started)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workloads", nargs="+", default=["dlrm", "wide"])
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps (default 30 for dlrm, 20 for wide)")
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("RECKERAS_BENCH_THREADS", "2")))
+    results = {}
+    for name in args.workloads:
+        workload = WORKLOADS[name]
+        steps = args.steps or (30 if name == "dlrm" else 20)
+        batches = make_batches(workload, args.batch, args.warmup + steps)
+        systems = {
+            "reckeras": lambda: run_reckeras(workload, batches, args.warmup, True),
+            "reckeras_no_pipeline": lambda: run_reckeras(workload, batches, args.warmup,
+                                                         False),
+            "plain_pytorch": lambda: baselines.plain_pytorch(workload, batches, args.warmup),
+            "plain_keras": lambda: baselines.plain_keras(workload, batches, args.warmup),
+            "torchrec": lambda: baselines.torchrec(workload, batches, args.warmup),
+        }
+        for system, run in systems.items():
+            rate = run()
+            results[name, system] = rate
+            if rate is None:
+                print(f"{name} {system} skipped (not installed)", flush=True)
+            else:
+                print(f"{name} {system} examples_per_s={rate:.0f}", flush=True)
+    for name in args.workloads:
+        ours = results[name, "reckeras"]
+        for system in ("plain_pytorch", "plain_keras", "torchrec"):
+            if results.get((name, system)):
+                print(f"{name} reckeras/{system}={ours / results[name, system]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
