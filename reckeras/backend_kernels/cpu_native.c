@@ -28,6 +28,15 @@ void rk_table_keys(const int64_t *ids, int64_t n, const int64_t *salt,
     }
 }
 
+/* A key's home slot: the top log2(capacity) bits of key * GOLDEN
+ * (Fibonacci hashing), as hash_table._home computes it. */
+static inline uint64_t home_slot(int64_t key, int64_t capacity) {
+    int bits = 0;
+    while (((int64_t)1 << bits) < capacity) bits++;
+    if (bits == 0) return 0;
+    return ((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> (64 - bits);
+}
+
 /* Linear-probing find-or-insert. New keys get rows num_rows, num_rows+1, ...
  * in order of first appearance. Returns the new row count. With
  * insert == 0 absent keys resolve to -1 and nothing changes. */
@@ -37,7 +46,7 @@ int64_t rk_find_or_insert(int64_t *slot_keys, int64_t *slot_rows, int64_t capaci
     uint64_t mask = (uint64_t)capacity - 1;
     for (int64_t i = 0; i < n; i++) {
         int64_t key = keys[i] == EMPTY ? EMPTY + 1 : keys[i];
-        uint64_t slot = mix64((uint64_t)key) & mask;
+        uint64_t slot = home_slot(key, capacity);
         for (;;) {
             int64_t seen = slot_keys[slot];
             if (seen == key) { rows[i] = slot_rows[slot]; break; }

@@ -1,0 +1,112 @@
+"""The native CPU kernels against the torch references."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reckeras.backend_kernels import cpu_native, hash_table
+from reckeras.backend_kernels.hashing import mix64
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(),
+                                reason="no C compiler: native kernels unavailable")
+
+EXTREMES = [0, 1, -1, 2**63 - 1, -(2**63), -(2**63) + 1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300), st.integers(1, 5))
+def test_table_keys(ids, batch):
+    ids = torch.tensor(ids + EXTREMES, dtype=torch.int64)
+    n = ids.numel() - ids.numel() % batch
+    ids = ids[:n]
+    slots = max(n // batch, 1)
+    salt = torch.randint(-(2**62), 2**62, (slots,))
+    expected = mix64(ids) ^ salt[torch.arange(n) // batch]
+    assert torch.equal(cpu_native.table_keys(ids, salt, None, batch), expected)
+    slot_index = torch.randint(0, slots, (n,))
+    assert torch.equal(cpu_native.table_keys(ids, salt, slot_index, batch),
+                       mix64(ids) ^ salt[slot_index])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=400))
+def test_find_or_insert_matches_reference_mapping(keys):
+    keys = torch.tensor(keys + EXTREMES + keys[:50], dtype=torch.int64)
+    capacity = hash_table.capacity_for(keys.numel())
+    native_keys, native_rows = hash_table.new_slots(capacity)
+    rows, count = cpu_native.find_or_insert(native_keys, native_rows, keys, 0)
+    distinct = torch.unique(torch.where(keys == hash_table.EMPTY, keys + 1, keys))
+    assert count == distinct.numel()
+    # Same key -> same row, distinct keys -> distinct rows, rows dense 0..n-1.
+    stored = torch.where(keys == hash_table.EMPTY, keys + 1, keys)
+    first_row = {}
+    for key, row in zip(stored.tolist(), rows.tolist()):
+        assert first_row.setdefault(key, row) == row
+    assert sorted(first_row.values()) == list(range(count))
+    # The slots are laid out exactly as the reference's find reads them.
+    assert torch.equal(hash_table.find_reference(native_keys, native_rows, keys), rows)
+    missing, _ = cpu_native.find_or_insert(native_keys, native_rows,
+                                           torch.tensor([12345678912345]), count,
+                                           insert=False)
+    expected_missing = hash_table.find_reference(native_keys, native_rows,
+                                                 torch.tensor([12345678912345]))
+    assert torch.equal(missing, expected_missing)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=300))
+def test_unique_rows(rows):
+    rows = torch.tensor(rows, dtype=torch.int64)
+    unique, index = cpu_native.unique_rows(rows, 51)
+    assert torch.equal(unique[index], rows)
+    assert sorted(unique.tolist()) == sorted(set(rows.tolist()))
+    again, _ = cpu_native.unique_rows(rows, 51)       # the buffer was reset
+    assert torch.equal(again, unique)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 16, 100])
+def test_pool_forward_and_aggregate(dim):
+    generator = torch.Generator().manual_seed(dim)
+    n, slots, rows_total = 500, 64, 40
+    weights = torch.randn(rows_total, dim, generator=generator)
+    unique = torch.randperm(rows_total, generator=generator)[:30]
+    unique_index = torch.randint(0, 30, (n,), generator=generator)
+    destination = torch.randint(0, slots, (n,), generator=generator)
+    id_weight = torch.rand(n, generator=generator)
+    expected = torch.zeros(slots, dim).index_add_(
+        0, destination, weights[unique][unique_index] * id_weight[:, None])
+    torch.testing.assert_close(cpu_native.pool_forward(weights, unique, unique_index,
+                                                       destination, id_weight, slots),
+                               expected, rtol=1e-5, atol=1e-5)
+    grad_out = torch.randn(slots, dim, generator=generator)
+    expected = torch.zeros(30, dim).index_add_(
+        0, unique_index, grad_out[destination] * id_weight[:, None])
+    torch.testing.assert_close(cpu_native.aggregate(grad_out, unique_index, destination,
+                                                    id_weight, 30),
+                               expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad"])
+def test_apply_update(kind):
+    generator = torch.Generator().manual_seed(0)
+    weights = torch.randn(20, 5, generator=generator)
+    width = {"sgd": 0, "adagrad": 5, "rowwise_adagrad": 1}[kind]
+    state = torch.rand(20, width, generator=generator)
+    rows = torch.tensor([3, 7, 0])
+    grads = torch.randn(3, 5, generator=generator)
+    w, s = weights.clone(), state.clone()
+    cpu_native.apply_update(kind, w, s, rows, grads, 0.1, 1e-8)
+    expected_w, expected_s = weights.clone(), state.clone()
+    if kind == "sgd":
+        expected_w[rows] -= 0.1 * grads
+    elif kind == "adagrad":
+        expected_s[rows] += grads * grads
+        expected_w[rows] -= 0.1 * grads / (expected_s[rows].sqrt() + 1e-8)
+    else:
+        expected_s[rows, 0] += (grads * grads).mean(dim=1)
+        expected_w[rows] -= 0.1 * grads / (expected_s[rows].sqrt() + 1e-8)
+    torch.testing.assert_close(w, expected_w)
+    torch.testing.assert_close(s, expected_s)
+    untouched = [r for r in range(20) if r not in rows.tolist()]
+    assert torch.equal(w[untouched], weights[untouched])
