@@ -98,8 +98,12 @@ class TransformPlan:
              if len(c.names) == arity], dtype=torch.int64)
         single_buckets = [s.hash_buckets or 0 for s in self.single_slots]
         self.single_hash_buckets = torch.tensor(single_buckets, dtype=torch.int64)
-        self.sequence_hash_buckets = torch.tensor(
-            [s.hash_buckets or 0 for s in self.sequences], dtype=torch.int64)
+        self.single_hashed = torch.tensor(
+            [i for i, b in enumerate(single_buckets) if b], dtype=torch.int64)
+        sequence_buckets = [s.hash_buckets or 0 for s in self.sequences]
+        self.sequence_hash_buckets = torch.tensor(sequence_buckets, dtype=torch.int64)
+        self.sequence_hashed = torch.tensor(
+            [i for i, b in enumerate(sequence_buckets) if b], dtype=torch.int64)
         self.max_sequence_len = max((s.max_len for s in self.sequences), default=0)
 
     @property
@@ -160,7 +164,7 @@ class TransformPlan:
             crossed = torch.empty_like(crossed).index_copy_(0, order, crossed)
             categorical = torch.cat([categorical, crossed])
         buckets = self.single_hash_buckets.to(categorical.device).unsqueeze(1)
-        return _hash_into_buckets(categorical, buckets)
+        return _hash_into_buckets(categorical, buckets, self.single_hashed)
 
     def _sequences(self, inputs):
         width = self.max_sequence_len
@@ -171,11 +175,19 @@ class TransformPlan:
         present = padded != MISSING_ID
         lengths = present.sum(dim=2)
         buckets = self.sequence_hash_buckets.to(padded.device).view(-1, 1, 1)
-        values = _hash_into_buckets(padded, buckets)[present]
+        values = _hash_into_buckets(padded, buckets, self.sequence_hashed)[present]
         return values, lengths
 
 
-def _hash_into_buckets(ids, buckets):
-    """``mix64(id) mod buckets`` where ``buckets > 0``, the id itself elsewhere."""
-    hashed = torch.remainder(mix64(ids), buckets.clamp(min=1))
-    return torch.where(buckets > 0, hashed, ids)
+def _hash_into_buckets(ids, buckets, hashed_rows):
+    """``mix64(id) mod buckets`` on the rows (features) with ``buckets > 0``.
+
+    ``hashed_rows`` (planned once) lists those rows, so features without
+    hash buckets cost nothing here.
+    """
+    if hashed_rows.numel() == 0:
+        return ids
+    hashed_rows = hashed_rows.to(ids.device)
+    chosen = ids.index_select(0, hashed_rows)
+    modulus = buckets.index_select(0, hashed_rows)
+    return ids.index_copy(0, hashed_rows, torch.remainder(mix64(chosen), modulus))
