@@ -4,6 +4,9 @@ They update only the rows a batch touched, inside the backward pass, with the
 fused kernels of ``reckeras.backend_kernels.sparse_optimizers``; Keras's own
 optimizer never sees the tables. Pass one to ``rk.Model.compile`` as
 ``embedding_optimizer``.
+
+Every optimizer keeps its state per row (float32, ``state_width(dim)`` values),
+so a row's update depends only on the batches that touched it.
 """
 
 import keras
@@ -18,7 +21,7 @@ class SparseOptimizer:
         learning_rate: step size (a positive float).
     """
 
-    state_name = None
+    kind = None            # the update rule in ``backend_kernels.sparse_optimizers``
 
     def __init__(self, learning_rate):
         if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
@@ -29,10 +32,27 @@ class SparseOptimizer:
 
     def state_width(self, dim):
         """Number of float32 state values per row for a table of ``dim``."""
-        return 0
+        return kernels.state_width(self.kind, dim)
+
+    def hyperparameters(self):
+        """``(learning_rate, epsilon, beta_1, beta_2, weight_decay)`` of the kernels."""
+        return (self.learning_rate, 0.0, 0.0, 0.0, 0.0)
 
     def apply(self, weights, state, rows, grads):
-        raise NotImplementedError
+        """Updates ``weights[rows]`` (distinct rows) and their state in place."""
+        kernels.update(self.kind, weights, state, rows, grads, *self.hyperparameters())
+
+    def apply_pooled(self, weights, state, rows, grad_out, unique_index, destination,
+                     id_weight):
+        """``apply`` with the rows' gradients aggregated from a pooled gradient.
+
+        The arguments after ``rows`` are those of
+        ``backend_kernels.aggregation.aggregate_row_grads``; on CUDA the
+        aggregation and the update run as one kernel.
+        """
+        kernels.aggregate_and_update(self.kind, weights, state, rows, grad_out,
+                                     unique_index, destination, id_weight,
+                                     *self.hyperparameters())
 
     def get_config(self):
         return {"learning_rate": self.learning_rate}
@@ -50,12 +70,17 @@ class SparseOptimizer:
 class SGD(SparseOptimizer):
     """Plain SGD on touched rows: ``w -= lr * g``.
 
+    Args:
+        learning_rate: step size.
+
     Example:
         >>> model.compile(..., embedding_optimizer=rk.optimizers.SGD(0.1))
     """
 
-    def apply(self, weights, state, rows, grads):
-        kernels.sgd_update(weights, rows, grads, self.learning_rate)
+    kind = kernels.SGD
+
+    def __init__(self, learning_rate=0.01):
+        super().__init__(learning_rate)
 
 
 class _AdagradBase(SparseOptimizer):
@@ -68,6 +93,9 @@ class _AdagradBase(SparseOptimizer):
                              f"be >= 0, got {initial_accumulator_value!r}")
         self.epsilon = float(epsilon)
         self.initial_accumulator_value = float(initial_accumulator_value)
+
+    def hyperparameters(self):
+        return (self.learning_rate, self.epsilon, 0.0, 0.0, 0.0)
 
     def get_config(self):
         return {**super().get_config(), "epsilon": self.epsilon,
@@ -93,12 +121,7 @@ class Adagrad(_AdagradBase):
         >>> rk.optimizers.Adagrad(0.05)
     """
 
-    def state_width(self, dim):
-        return dim
-
-    def apply(self, weights, state, rows, grads):
-        kernels.adagrad_update(weights, state, rows, grads, self.learning_rate,
-                               self.epsilon)
+    kind = kernels.ADAGRAD
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -123,15 +146,92 @@ class RowWiseAdagrad(_AdagradBase):
         ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
     """
 
-    def state_width(self, dim):
-        return 1
-
-    def apply(self, weights, state, rows, grads):
-        kernels.rowwise_adagrad_update(weights, state, rows, grads,
-                                       self.learning_rate, self.epsilon)
+    kind = kernels.ROWWISE_ADAGRAD
 
 
-_BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad}
+class _AdamBase(SparseOptimizer):
+    default_weight_decay = 0.0
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 weight_decay=None):
+        super().__init__(learning_rate)
+        weight_decay = self.default_weight_decay if weight_decay is None else weight_decay
+        name = type(self).__name__
+        for field, value in (("beta_1", beta_1), ("beta_2", beta_2)):
+            if not 0 <= value < 1:
+                raise ValueError(f"{name}: {field} must be in [0, 1), got {value!r}")
+        if not epsilon > 0:
+            raise ValueError(f"{name}: epsilon must be > 0, got {epsilon!r}")
+        if not weight_decay >= 0:
+            raise ValueError(f"{name}: weight_decay must be >= 0, got {weight_decay!r}")
+        self.beta_1, self.beta_2 = float(beta_1), float(beta_2)
+        self.epsilon, self.weight_decay = float(epsilon), float(weight_decay)
+
+    def hyperparameters(self):
+        return (self.learning_rate, self.epsilon, self.beta_1, self.beta_2,
+                self.weight_decay)
+
+    def get_config(self):
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
+                "epsilon": self.epsilon, "weight_decay": self.weight_decay}
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class Adam(_AdamBase):
+    """Adam on touched rows (torch.optim.Adam's rule), with a step count per row.
+
+    For each touched row with aggregated gradient ``g``, moments ``m``, ``v``
+    and step count ``t`` (the number of batches that touched the row)::
+
+        t += 1
+        g += weight_decay * w                      # L2 penalty, as torch.optim.Adam
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g * g
+        w -= learning_rate / (1 - beta_1**t) * m / (sqrt(v / (1 - beta_2**t)) + epsilon)
+
+    A row that a batch does not touch keeps its moments and its step count,
+    as if the batch had not happened for it (lazy Adam). State per row:
+    ``2 * dim + 1`` floats.
+
+    Args:
+        learning_rate: step size.
+        beta_1: decay of the first moment.
+        beta_2: decay of the second moment.
+        epsilon: added to the denominator.
+        weight_decay: L2 penalty coefficient.
+
+    Example:
+        >>> model.compile(..., embedding_optimizer=rk.optimizers.Adam(0.001))
+    """
+
+    kind = kernels.ADAM
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class AdamW(_AdamBase):
+    """AdamW on touched rows (torch.optim.AdamW's rule), a step count per row.
+
+    As ``Adam``, except that the weight decay is decoupled: the row is first
+    shrunk, ``w *= 1 - learning_rate * weight_decay``, and the gradient is not
+    penalized. Only touched rows decay.
+
+    Args:
+        learning_rate: step size.
+        beta_1: decay of the first moment.
+        beta_2: decay of the second moment.
+        epsilon: added to the denominator.
+        weight_decay: decoupled decay coefficient (default 0.01, as torch).
+
+    Example:
+        >>> rk.optimizers.AdamW(0.001, weight_decay=0.01)
+    """
+
+    kind = kernels.ADAMW
+    default_weight_decay = 0.01
+
+
+_BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad,
+            "adam": Adam, "adamw": AdamW}
 
 
 def get(identifier):

@@ -1,28 +1,39 @@
-"""Open-addressing id -> row hash map (linear probing), torch reference.
+"""Open-addressing id -> row hash map with linear probing.
 
-The map is two int64 arrays of a power-of-two capacity: ``slot_keys`` (EMPTY
-where free) and ``slot_rows``. ``find_or_insert`` resolves a whole batch of
-keys at once: every round, each unresolved key looks at one slot; a key found
-there is resolved, a free slot is claimed (when several keys race for one free
-slot, the lowest position wins, as an atomic compare-and-swap would let exactly
-one win), and a slot holding another key sends the key one slot further. The
-loop runs over probe rounds, never over keys. Duplicate keys in the batch are
-fine: the copies that lose a race find the winner's key in the next round.
+The map is two int64 arrays of a power-of-two capacity ``2**bits``:
+``slot_keys`` (EMPTY where free) and ``slot_rows``. A key's probe sequence
+starts at its home slot, the top ``bits`` bits of ``key * GOLDEN`` (Fibonacci
+multiply-shift hashing: two integer ops where ``mix64`` takes ten, and it
+spreads keys that differ in any bits), and walks one slot at a time; keys are
+never removed, so a probe that reaches a free slot proves the key absent.
 
-Rows are numbered in the order keys are first inserted, starting at
-``num_rows``; the caller owns the row storage.
+``find_or_insert`` resolves a whole batch of keys (duplicates allowed) at once
+and numbers the rows of the new keys ``num_rows, num_rows + 1, ...``; the
+caller owns the row storage.
+
+* Triton (CUDA tensors): one program lane per key walks its probe sequence
+  and claims a free slot with ``tl.atomic_cas``; copies of a new key find the
+  winner's key on their next look. The new rows are then numbered in the
+  order of the claiming positions.
+* torch reference (CPU tensors): every round, each unresolved key looks at
+  one slot, vectorized over keys (the loop runs over probe rounds, never over
+  keys). Keys that reach a free slot are absent; the distinct absent keys are
+  then inserted most frequent first (ties: smaller key first), which is also
+  the order of their new rows, so the reference is deterministic.
+
+Both give the same key -> row mapping up to the numbering of the rows created
+by one call; everything above the map only relies on that mapping.
 """
 
 import torch
 
-from reckeras.backend_kernels.hashing import mix64
+from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
+                                               kernel, reduce_sum, use_triton)
+from reckeras.backend_kernels.hashing import GOLDEN
 
 EMPTY = -(2**63)          # a key equal to EMPTY is stored as EMPTY + 1
 MAX_LOAD = 0.5
-
-
-def _slot_of(keys: torch.Tensor, capacity: int) -> torch.Tensor:
-    return mix64(keys) & (capacity - 1)
+BLOCK = 256
 
 
 def new_slots(capacity: int, device=None):
@@ -42,44 +53,216 @@ def capacity_for(num_keys: int) -> int:
     return capacity
 
 
-def _probe(slot_keys, slot_rows, keys, num_rows, insert):
-    keys = torch.where(keys == EMPTY, keys + 1, keys)
-    capacity = slot_keys.numel()
-    result = torch.full_like(keys, -1)
-    pending = torch.arange(keys.numel(), device=keys.device)
-    slots = _slot_of(keys, capacity)
-    next_row = num_rows
-    while pending.numel():
-        probe_keys = keys[pending]
-        probe_slots = slots[pending]
-        seen = slot_keys[probe_slots]
-        found = seen == probe_keys
-        result[pending[found]] = slot_rows[probe_slots[found]]
-        free = seen == EMPTY
-        if insert and bool(free.any()):
-            claimants = pending[free]
-            claim_slots = probe_slots[free]
-            winner = torch.full((capacity,), keys.numel(), dtype=torch.int64,
-                                device=keys.device)
-            winner.scatter_reduce_(0, claim_slots, claimants, reduce="amin")
-            won = winner[claim_slots] == claimants
-            won_slots = claim_slots[won]
-            new_rows = next_row + torch.arange(int(won.sum()), device=keys.device)
-            slot_keys[won_slots] = keys[claimants[won]]
-            slot_rows[won_slots] = new_rows
-            result[claimants[won]] = new_rows
-            next_row += new_rows.numel()
-            # Losers look at the same slot again: it may now hold their key.
-            done = found.clone()
-            done[free.nonzero().squeeze(1)[won]] = True
-            moving = ~found & ~free
-        else:
-            done = found | free          # find-only: a free slot means absent
-            moving = ~done
-        slots[pending[moving]] = (probe_slots[moving] + 1) & (capacity - 1)
-        pending = pending[~done]
-    return result, next_row
+def _storable(keys):
+    # EMPTY is the smallest int64: one reduction tells whether a key equals it.
+    if keys.numel() and int(keys.min()) == EMPTY:
+        return torch.where(keys == EMPTY, keys + 1, keys)
+    return keys
 
+
+# ---- torch reference ------------------------------------------------------------
+
+def _walk(slot_keys, keys, slots):
+    """Walks every key from ``slots`` to its own slot or the first free one.
+
+    Returns:
+        ``(slots, found)``: where each key stopped, and whether the key is
+        stored there (else the slot is free and the key absent).
+    """
+    mask = slot_keys.numel() - 1
+    seen = slot_keys.index_select(0, slots)
+    found = seen == keys
+    stopped = found | (seen == EMPTY)
+    if bool(stopped.all()):
+        return slots, found
+    pending = (~stopped).nonzero().squeeze(1)
+    slots, found = slots.clone(), found.clone()
+    walk_keys = keys.index_select(0, pending)
+    walk_slots = (slots.index_select(0, pending) + 1) & mask
+    while pending.numel():
+        seen = slot_keys.index_select(0, walk_slots)
+        here = seen == walk_keys
+        stop = here | (seen == EMPTY)
+        slots.index_copy_(0, pending, walk_slots)
+        found.index_copy_(0, pending, here)
+        go = (~stop).nonzero().squeeze(1)
+        pending = pending.index_select(0, go)
+        walk_keys = walk_keys.index_select(0, go)
+        walk_slots = (walk_slots.index_select(0, go) + 1) & mask
+    return slots, found
+
+
+def _claim(slot_keys, keys, slots):
+    """Stores distinct absent ``keys``, each walking on from its free slot.
+
+    Keys racing for one free slot: the first in ``keys`` order wins, as one
+    compare-and-swap would let exactly one win; the others walk on.
+
+    Returns:
+        int64 slot of every key.
+    """
+    mask = slot_keys.numel() - 1
+    placed = torch.empty_like(slots)
+    pending = torch.arange(keys.numel(), device=keys.device)
+    while pending.numel():
+        seen = slot_keys.index_select(0, slots)
+        free = (seen == EMPTY).nonzero().squeeze(1)
+        contested, order = torch.sort(slots.index_select(0, free), stable=True)
+        first = torch.ones_like(contested, dtype=torch.bool)
+        first[1:] = contested[1:] != contested[:-1]
+        winners = free.index_select(0, order[first])
+        won_slots = slots.index_select(0, winners)
+        slot_keys.index_copy_(0, won_slots, keys.index_select(0, winners))
+        placed.index_copy_(0, pending.index_select(0, winners), won_slots)
+        lost = torch.ones_like(slots, dtype=torch.bool)
+        lost[winners] = False
+        go = lost.nonzero().squeeze(1)
+        pending = pending.index_select(0, go)
+        keys = keys.index_select(0, go)
+        slots = (slots.index_select(0, go) + 1) & mask
+    return placed
+
+
+def _home(keys, capacity):
+    bits = capacity.bit_length() - 1
+    if not bits:
+        return torch.zeros_like(keys)
+    # Arithmetic shift, then the mask keeps the top ``bits`` bits: a logical shift.
+    return (keys * GOLDEN >> (64 - bits)) & (capacity - 1)
+
+
+def find_or_insert_reference(slot_keys, slot_rows, keys, num_rows):
+    keys = _storable(keys)
+    slots, found = _walk(slot_keys, keys, _home(keys, slot_keys.numel()))
+    if not bool(found.all()):
+        absent = (~found).nonzero().squeeze(1)
+        distinct, inverse, counts = torch.unique(
+            keys.index_select(0, absent), return_inverse=True, return_counts=True)
+        # Frequent keys first: they win contested slots and so mostly sit at
+        # their home slot, where later batches find them in one look.
+        order = torch.sort(counts, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(
+            0, order, torch.arange(order.numel(), device=keys.device))
+        inverse = rank.index_select(0, inverse)
+        # Copies of one key stopped at the same free slot.
+        start = torch.empty_like(order).scatter_(0, inverse,
+                                                 slots.index_select(0, absent))
+        placed = _claim(slot_keys, distinct.index_select(0, order), start)
+        slot_rows.index_copy_(0, placed, torch.arange(
+            num_rows, num_rows + order.numel(), device=keys.device))
+        slots = slots.index_copy(0, absent, placed.index_select(0, inverse))
+        num_rows += order.numel()
+    return slot_rows.index_select(0, slots), num_rows
+
+
+def find_reference(slot_keys, slot_rows, keys):
+    keys = _storable(keys)
+    slots, found = _walk(slot_keys, keys, _home(keys, slot_keys.numel()))
+    return torch.where(found, slot_rows.index_select(0, slots), -1)
+
+
+def _place_reference(slot_keys, keys):
+    """Slots of distinct keys absent from the map, which are stored there."""
+    slots, _ = _walk(slot_keys, keys, _home(keys, slot_keys.numel()))
+    return _claim(slot_keys, keys, slots)
+
+
+# ---- Triton kernels ----------------------------------------------------------------
+
+@kernel
+def _home_slot(key, mask, shift):
+    hashed = (key * _GOLDEN).to(tl.uint64, bitcast=True) >> shift
+    return hashed.to(tl.int64, bitcast=True) & mask
+
+
+@kernel(do_not_specialize=("n", "mask", "shift"))
+def _insert_kernel(slot_keys_ptr, keys_ptr, slots_ptr, claimed_ptr, n, mask, shift,
+                   BLOCK: constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < n
+    key = tl.load(keys_ptr + offs, mask=live, other=0)
+    key = tl.where(key == _EMPTY, key + 1, key)
+    slot = _home_slot(key, mask, shift)
+    claimed = tl.full([BLOCK], 0, tl.int1)
+    pending = live
+    while reduce_sum(pending.to(tl.int32), 0) > 0:
+        seen = tl.load(slot_keys_ptr + slot, mask=pending, other=0)
+        attempt = pending & (seen == _EMPTY)
+        # atomic_cas takes no mask: the other lanes swap EMPTY for EMPTY,
+        # which never changes the map.
+        old = tl.atomic_cas(slot_keys_ptr + slot, tl.full([BLOCK], _EMPTY, tl.int64),
+                            tl.where(attempt, key, _EMPTY))
+        won = attempt & (old == _EMPTY)
+        stop = won | (pending & ((seen == key) | (attempt & (old == key))))
+        claimed = claimed | won
+        slot = tl.where(pending & ~stop, (slot + 1) & mask, slot)
+        pending = pending & ~stop
+    tl.store(slots_ptr + offs, slot, mask=live)
+    tl.store(claimed_ptr + offs, claimed.to(tl.int8), mask=live)
+
+
+@kernel(do_not_specialize=("n", "mask", "shift"))
+def _find_kernel(slot_keys_ptr, slot_rows_ptr, keys_ptr, rows_ptr, n, mask, shift,
+                 BLOCK: constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < n
+    key = tl.load(keys_ptr + offs, mask=live, other=0)
+    key = tl.where(key == _EMPTY, key + 1, key)
+    slot = _home_slot(key, mask, shift)
+    found = tl.full([BLOCK], 0, tl.int1)
+    pending = live
+    while reduce_sum(pending.to(tl.int32), 0) > 0:
+        seen = tl.load(slot_keys_ptr + slot, mask=pending, other=_EMPTY)
+        hit = pending & (seen == key)
+        found = found | hit
+        stop = hit | (seen == _EMPTY)
+        slot = tl.where(pending & ~stop, (slot + 1) & mask, slot)
+        pending = pending & ~stop
+    rows = tl.load(slot_rows_ptr + slot, mask=found, other=-1)
+    tl.store(rows_ptr + offs, rows, mask=live)
+
+
+_triton = TritonKernels(globals(), {"_EMPTY": EMPTY, "_GOLDEN": GOLDEN})
+
+
+def _mask_and_shift(slot_keys):
+    capacity = slot_keys.numel()
+    return capacity - 1, min(63, 64 - (capacity.bit_length() - 1))
+
+
+def _insert_triton(slot_keys, keys):
+    """Slot of every key and whether this lane stored it (int8)."""
+    ns = _triton.ready()
+    keys = keys.contiguous()
+    n = keys.numel()
+    slots = torch.empty_like(keys)
+    claimed = torch.empty(n, dtype=torch.int8, device=keys.device)
+    if n:
+        ns["_insert_kernel"][(blocks(n, BLOCK),)](
+            slot_keys, keys, slots, claimed, n, *_mask_and_shift(slot_keys), BLOCK=BLOCK)
+    return slots, claimed
+
+
+def find_or_insert_triton(slot_keys, slot_rows, keys, num_rows):
+    slots, claimed = _insert_triton(slot_keys, keys)
+    new = claimed.nonzero().squeeze(1)
+    new_rows = torch.arange(num_rows, num_rows + new.numel(), device=keys.device)
+    slot_rows.index_copy_(0, slots.index_select(0, new), new_rows)
+    return slot_rows.index_select(0, slots), num_rows + new.numel()
+
+
+def find_triton(slot_keys, slot_rows, keys):
+    ns = _triton.ready()
+    keys = keys.contiguous()
+    rows = torch.empty_like(keys)
+    if keys.numel():
+        ns["_find_kernel"][(blocks(keys.numel(), BLOCK),)](
+            slot_keys, slot_rows, keys, rows, keys.numel(), *_mask_and_shift(slot_keys),
+            BLOCK=BLOCK)
+    return rows
+
+
+# ---- public entry points --------------------------------------------------------------
 
 def find_or_insert(slot_keys, slot_rows, keys, num_rows):
     """Resolves ``keys`` to rows, inserting the absent ones (in place).
@@ -89,24 +272,26 @@ def find_or_insert(slot_keys, slot_rows, keys, num_rows):
     Returns:
         ``(rows, num_rows)``: int64 rows aligned with ``keys`` and the new count.
     """
-    return _probe(slot_keys, slot_rows, keys, num_rows, insert=True)
+    if use_triton(keys):
+        return find_or_insert_triton(slot_keys, slot_rows, keys, num_rows)
+    return find_or_insert_reference(slot_keys, slot_rows, keys, num_rows)
 
 
 def find(slot_keys, slot_rows, keys):
     """Rows of ``keys``, -1 for keys not in the map; the map is not changed."""
-    rows, _ = _probe(slot_keys, slot_rows, keys, 0, insert=False)
-    return rows
+    if use_triton(keys):
+        return find_triton(slot_keys, slot_rows, keys)
+    return find_reference(slot_keys, slot_rows, keys)
 
 
 def rehash(slot_keys, slot_rows, capacity):
     """A new map of ``capacity`` holding the same key -> row pairs."""
-    occupied = slot_keys != EMPTY
+    occupied = (slot_keys != EMPTY).nonzero().squeeze(1)
+    keys, rows = slot_keys.index_select(0, occupied), slot_rows.index_select(0, occupied)
     new_keys, new_rows = new_slots(capacity, slot_keys.device)
-    keys, rows = slot_keys[occupied], slot_rows[occupied]
-    provisional, _ = _probe(new_keys, new_rows, keys, 0, insert=True)
-    # Reinsertion numbers rows 0..n-1 in claim order; map them back.
-    real_row = torch.empty_like(rows)
-    real_row[provisional] = rows
-    filled = new_rows >= 0
-    new_rows[filled] = real_row[new_rows[filled]]
+    if use_triton(keys):
+        slots, _ = _insert_triton(new_keys, keys)
+    else:
+        slots = _place_reference(new_keys, keys)
+    new_rows.index_copy_(0, slots, rows)
     return new_keys, new_rows

@@ -1,0 +1,117 @@
+"""Compiles every Triton kernel of reckeras for a CUDA target, without a GPU.
+
+The interpreter (what CI runs) executes kernels as numpy code and misses what
+only the compiler checks: types, constexpr rules, globals. This script
+compiles each kernel ahead of time for an NVIDIA target (sm_90 by default)
+with Triton's own toolchain; it needs no device. Run by
+``test_kernel_compile.py`` in a fresh process (TRITON_INTERPRET unset), or
+by hand: ``python tests/backend_kernels/compile_kernels.py [capability]``.
+"""
+
+import os
+import sys
+import time
+
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from reckeras.backend_kernels import (aggregation, hash_table, hashing, pooling,  # noqa: E402
+                                      sparse_optimizers, transforms)
+
+P64, P32, PBF, P8, PU8 = "*i64", "*fp32", "*bf16", "*i8", "*u8"
+
+
+def segment_sum(source):
+    return ({"source_ptr": source, "source_row_ptr": P64, "scale_ptr": P32,
+             "order_ptr": P64, "starts_ptr": P64, "ends_ptr": P64, "out_ptr": P32,
+             "num_groups": "i32", "dim": "i32"},
+            {"INDIRECT": True, "BLOCK_N": 4, "GROUPS": 64, "BLOCK_D": 8})
+
+
+def update(weights, kind, indirect):
+    return ({"weights_ptr": weights, "state_ptr": P32, "rows_ptr": P64, "source_ptr": P32,
+             "source_row_ptr": P64, "scale_ptr": P32, "order_ptr": P64,
+             "starts_ptr": P64, "ends_ptr": P64, "num_rows": "i32", "dim": "i32",
+             "state_width": "i32", "lr": "fp32", "eps": "fp32", "beta1": "fp32",
+             "beta2": "fp32", "log2_beta1": "fp32", "log2_beta2": "fp32",
+             "weight_decay": "fp32"},
+            {"KIND": kind, "INDIRECT": indirect, "BLOCK_N": 4, "GROUPS": 16,
+             "BLOCK_D": 16})
+
+
+CASES = [
+    (hashing, "_mix64_kernel", {"ids_ptr": P64, "out_ptr": P64, "n": "i64"},
+     {"BLOCK": hashing.BLOCK}),
+    (hashing, "_combine_kernel", {"columns_ptr": P64, "out_ptr": P64, "n": "i64"},
+     {"K": 3, "BLOCK": hashing.BLOCK}),
+    (hashing, "_fnv_kernel", {"data_ptr": PU8, "offsets_ptr": P64, "out_ptr": P64,
+                              "n": "i64", "max_len": "i64"}, {"BLOCK": hashing.BLOCK}),
+    (hash_table, "_insert_kernel", {"slot_keys_ptr": P64, "keys_ptr": P64,
+                                    "slots_ptr": P64, "claimed_ptr": P8, "n": "i64",
+                                    "mask": "i64", "shift": "i32"},
+     {"BLOCK": hash_table.BLOCK}),
+    (hash_table, "_find_kernel", {"slot_keys_ptr": P64, "slot_rows_ptr": P64,
+                                  "keys_ptr": P64, "rows_ptr": P64, "n": "i64",
+                                  "mask": "i64", "shift": "i32"},
+     {"BLOCK": hash_table.BLOCK}),
+    (transforms, "_hash_into_buckets_kernel", {"ids_ptr": P64, "buckets_ptr": P64,
+                                               "out_ptr": P64, "per_feature": "i64",
+                                               "total": "i64"},
+     {"BLOCK": transforms.BLOCK}),
+    (transforms, "_bucketize_kernel", {"values_ptr": P32, "boundaries_ptr": P32,
+                                       "out_ptr": P64, "per_feature": "i64",
+                                       "total": "i64", "width": "i32"},
+     {"BLOCK_ROWS": transforms.BLOCK_ROWS,
+      "BLOCK_BOUNDARIES": transforms.BLOCK_BOUNDARIES}),
+    (transforms, "_cross_kernel", {"columns_ptr": P64, "members_ptr": P64,
+                                   "out_ptr": P64, "n": "i64", "total": "i64"},
+     {"BLOCK": transforms.BLOCK}),
+    (transforms, "_pack_padded_kernel", {"padded_ptr": P64, "offsets_ptr": P64,
+                                         "out_ptr": P64, "width": "i32",
+                                         "pad_value": "i64"},
+     {"BLOCK_L": transforms.BLOCK_L}),
+    (transforms, "_copy_bags_kernel", {"values_ptr": P64, "offsets_ptr": P64,
+                                       "skip_ptr": P64, "new_offsets_ptr": P64,
+                                       "out_ptr": P64}, {"BLOCK_L": transforms.BLOCK_L}),
+    (transforms, "_pad_kernel", {"values_ptr": P64, "offsets_ptr": P64, "out_ptr": P64,
+                                 "width": "i32", "pad_value": "i64"},
+     {"BLOCK_L": transforms.BLOCK_L}),
+    (aggregation, "_segment_sum_kernel", *segment_sum(P32)),
+    (aggregation, "_segment_sum_kernel", *segment_sum(PBF)),
+    (pooling, "_sequence_lookup_kernel", {"weights_ptr": PBF, "rows_ptr": P64,
+                                          "offsets_ptr": P64, "out_ptr": P32,
+                                          "mask_ptr": P8, "max_len": "i32",
+                                          "dim": "i32"},
+     {"BLOCK_L": pooling.BLOCK_L, "BLOCK_D": 16}),
+    (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.SGD, False)),
+    (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.ADAGRAD, True)),
+    (sparse_optimizers, "_update_kernel",
+     *update(PBF, sparse_optimizers.ROWWISE_ADAGRAD, True)),
+    (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.ADAM, False)),
+    (sparse_optimizers, "_update_kernel", *update(PBF, sparse_optimizers.ADAMW, True)),
+]
+
+
+def main(capability=90):
+    target = GPUTarget("cuda", capability, 32)
+    failures = 0
+    for module, name, signature, constexprs in CASES:
+        kernel = module._triton.ready()[name]
+        start = time.perf_counter()
+        try:
+            compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=target)
+            status = f"ok ({len(compiled.asm['cubin'])} bytes of cubin)"
+        except Exception as error:          # report every kernel, then fail
+            failures += 1
+            status = f"FAILED: {type(error).__name__}: {error}"
+        print(f"{module.__name__.split('.')[-1]}.{name} {constexprs}: {status} "
+              f"[{time.perf_counter() - start:.1f}s]", flush=True)
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main(int(sys.argv[1]) if len(sys.argv) > 1 else 90) else 0)
