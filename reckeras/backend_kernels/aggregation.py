@@ -29,7 +29,7 @@ import torch
 from reckeras import ragged
 from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
                                                next_power_of_2, reduce_max, reduce_sum,
-                                               use_triton)
+                                               use_native, use_triton)
 
 TILE = 2048           # elements of one program's [GROUPS, BLOCK_N, BLOCK_D] tile
 MAX_BLOCK_N = 16      # ids per step of a segment
@@ -250,6 +250,10 @@ def aggregate_row_grads(grad_out, unique_index, destination, id_weight,
     Returns:
         float32 ``[num_unique, D]``.
     """
+    if use_native(grad_out, unique_index, destination, id_weight):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.aggregate(grad_out, unique_index, destination, id_weight,
+                                    num_unique)
     fn = aggregate_row_grads_triton if use_triton(grad_out) \
         else aggregate_row_grads_reference
     return fn(grad_out, unique_index, destination, id_weight, num_unique)
@@ -262,9 +266,13 @@ def unique_rows(rows, num_rows):
     replaces ``torch.unique``'s sort, which dominates the CPU step.
 
     Returns:
-        ``(unique, unique_index)``: the sorted distinct rows and, for each
-        input, its position in ``unique``.
+        ``(unique, unique_index)``: the distinct rows (sorted; in order of
+        first appearance with the native CPU kernels) and, for each input,
+        its position in ``unique``.
     """
+    if use_native(rows):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.unique_rows(rows, num_rows)
     size = max(num_rows, 1)
     mark = torch.zeros(size, dtype=torch.bool, device=rows.device)
     mark.index_fill_(0, rows, True)

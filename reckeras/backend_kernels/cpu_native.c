@@ -18,13 +18,15 @@ static inline uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* keys[i] = mix64(ids[i]) ^ salt[slot_of(i)], slot_of(i) = i / batch for
- * one-hot batches (slot_index == NULL) or slot_index[i]. */
-void rk_table_keys(const int64_t *ids, int64_t n, const int64_t *salt,
-                   const int64_t *slot_index, int64_t batch, int64_t *keys) {
-    for (int64_t i = 0; i < n; i++) {
-        int64_t slot = slot_index ? slot_index[i] : i / batch;
-        keys[i] = (int64_t)(mix64((uint64_t)ids[i]) ^ (uint64_t)salt[slot]);
+/* keys = mix64(ids) ^ salt of each id's slot; slot s holds the next
+ * slot_counts[s] ids (the packed batch is slot-major). */
+void rk_table_keys(const int64_t *ids, const int64_t *salt, const int64_t *slot_counts,
+                   int64_t num_slots, int64_t *keys) {
+    int64_t i = 0;
+    for (int64_t s = 0; s < num_slots; s++) {
+        uint64_t salt_bits = (uint64_t)salt[s];
+        for (int64_t end = i + slot_counts[s]; i < end; i++)
+            keys[i] = (int64_t)(mix64((uint64_t)ids[i]) ^ salt_bits);
     }
 }
 

@@ -31,7 +31,7 @@ _failed = False
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _SIGNATURES = {
-    "rk_table_keys": (None, [_PTR, _I64, _PTR, _PTR, _I64, _PTR]),
+    "rk_table_keys": (None, [_PTR, _PTR, _PTR, _I64, _PTR]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_int]),
     "rk_pool_forward": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR]),
     "rk_aggregate": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR]),
@@ -91,20 +91,21 @@ def available():
 
 
 def usable(*tensors):
-    """True when the native kernels apply: CPU, contiguous tensors."""
-    return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors) \
-        and available()
+    """True when the native kernels apply: contiguous CPU tensors, and floating
+    point tensors in float32 (other table dtypes use the references)."""
+    return all(t.device.type == "cpu" and t.is_contiguous()
+               and (not t.is_floating_point() or t.dtype == torch.float32)
+               for t in tensors) and available()
 
 
 def _p(tensor):
     return ctypes.c_void_p(tensor.data_ptr())
 
 
-def table_keys(ids, salt, slot_index, batch):
+def table_keys(ids, salt, slot_counts):
     keys = torch.empty_like(ids)
-    library().rk_table_keys(_p(ids), ids.numel(), _p(salt),
-                            None if slot_index is None else _p(slot_index),
-                            batch, _p(keys))
+    library().rk_table_keys(_p(ids), _p(salt), _p(slot_counts), slot_counts.numel(),
+                            _p(keys))
     return keys
 
 

@@ -1,8 +1,9 @@
-"""The one place that decides whether a kernel runs in Triton or in torch.
+"""The one place that decides where a kernel runs.
 
-CUDA tensors go to the Triton kernels; everything else (CPU tensors) goes to
-the torch references, which define the semantics that the Triton kernels are
-tested against.
+CUDA tensors go to the Triton kernels. CPU tensors go to the native CPU
+kernels (``cpu_native``: C loops compiled on first use) where one exists and
+can be built, else to the torch references, which define the semantics that
+both are tested against.
 
 Triton kernels are written as plain functions marked with ``@kernel`` and
 annotated with this module's ``constexpr``; the first launch of any kernel of a
@@ -22,6 +23,12 @@ TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 def use_triton(tensor: torch.Tensor) -> bool:
     """True when ``tensor`` lives on a CUDA device and Triton is installed."""
     return TRITON_AVAILABLE and tensor.is_cuda
+
+
+def use_native(*tensors: torch.Tensor) -> bool:
+    """True when the native CPU kernels serve these tensors."""
+    from reckeras.backend_kernels import cpu_native
+    return cpu_native.usable(*tensors)
 
 
 class constexpr:  # noqa: N801 - read by name, as triton.language.constexpr

@@ -28,7 +28,8 @@ by one call; everything above the map only relies on that mapping.
 import torch
 
 from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               kernel, reduce_sum, use_triton)
+                                               kernel, reduce_sum, use_native,
+                                               use_triton)
 from reckeras.backend_kernels.hashing import GOLDEN
 
 EMPTY = -(2**63)          # a key equal to EMPTY is stored as EMPTY + 1
@@ -274,6 +275,9 @@ def find_or_insert(slot_keys, slot_rows, keys, num_rows):
     """
     if use_triton(keys):
         return find_or_insert_triton(slot_keys, slot_rows, keys, num_rows)
+    if use_native(slot_keys, slot_rows, keys):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.find_or_insert(slot_keys, slot_rows, keys, num_rows)
     return find_or_insert_reference(slot_keys, slot_rows, keys, num_rows)
 
 
@@ -281,6 +285,9 @@ def find(slot_keys, slot_rows, keys):
     """Rows of ``keys``, -1 for keys not in the map; the map is not changed."""
     if use_triton(keys):
         return find_triton(slot_keys, slot_rows, keys)
+    if use_native(slot_keys, slot_rows, keys):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.find_or_insert(slot_keys, slot_rows, keys, 0, insert=False)[0]
     return find_reference(slot_keys, slot_rows, keys)
 
 

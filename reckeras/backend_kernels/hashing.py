@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               kernel, use_triton)
+                                               kernel, use_native, use_triton)
 
 # 64-bit constants written as their signed int64 values (Triton's interpreter
 # rejects integer literals above 2**63 - 1).
@@ -169,6 +169,23 @@ def hash_bytes_triton(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor
 def mix64(x: torch.Tensor) -> torch.Tensor:
     """SplitMix64 finalizer of int64 tensor ``x`` (bijective, wraps)."""
     return mix64_triton(x) if use_triton(x) else mix64_reference(x)
+
+
+def table_keys(ids: torch.Tensor, salt: torch.Tensor,
+               slot_counts: torch.Tensor) -> torch.Tensor:
+    """``mix64(ids) ^ salt`` of each id's slot, for a slot-major packed batch.
+
+    Args:
+        ids: int64 ``[N]``.
+        salt: int64 ``[S]``, one salt per slot.
+        slot_counts: int64 ``[S]``, ids per slot (summing to ``N``).
+    """
+    if use_native(ids, salt, slot_counts):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.table_keys(ids, salt, slot_counts)
+    keys = mix64(ids)
+    keys ^= salt.repeat_interleave(slot_counts, output_size=ids.numel())
+    return keys
 
 
 def hash_combine(columns: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ from reckeras.backend_kernels.aggregation import (aggregate_row_grads, bag_sums,
                                                   is_permutation, segment_sum_triton,
                                                   sorted_groups, unit_scale)
 from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
-                                               use_triton)
+                                               use_native, use_triton)
 
 BLOCK_L = 16          # sequence positions per program
 
@@ -103,6 +103,10 @@ def pooled_lookup_triton(weights, unique_rows, unique_index, destination, id_wei
 def pooled_lookup(weights, unique_rows, unique_index, destination, id_weight,
                   num_slots):
     """``pooled_lookup_reference``, as one Triton kernel on CUDA tensors."""
+    if use_native(weights, unique_rows, unique_index, destination, id_weight):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.pool_forward(weights, unique_rows, unique_index, destination,
+                                       id_weight, num_slots)
     fn = pooled_lookup_triton if use_triton(weights) else pooled_lookup_reference
     return fn(weights, unique_rows, unique_index, destination, id_weight, num_slots)
 
@@ -115,10 +119,11 @@ class PooledLookup(torch.autograd.Function):
                 id_weight, num_slots, apply_row_grads):
         ctx.save_for_backward(unique_rows, unique_index, destination, id_weight)
         ctx.apply_row_grads = apply_row_grads
-        if use_triton(weights):
+        if use_triton(weights) or use_native(weights, unique_rows, unique_index,
+                                             destination, id_weight):
             ctx.index = None
-            return pooled_lookup_triton(weights, unique_rows, unique_index, destination,
-                                        id_weight, num_slots)
+            return pooled_lookup(weights, unique_rows, unique_index, destination,
+                                 id_weight, num_slots)
         ctx.index = DestinationMajor.of(unique_index, destination, id_weight, num_slots)
         return ctx.index.pool(weights, unique_rows)
 

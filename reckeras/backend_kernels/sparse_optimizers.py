@@ -37,10 +37,13 @@ from reckeras.backend_kernels.aggregation import (MAX_BLOCK_N, _segment_tile,
                                                   groups_per_program, ids_per_step,
                                                   segment_sums, split_segments)
 from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
-                                               next_power_of_2, reduce_sum, use_triton)
+                                               next_power_of_2, reduce_sum, use_native,
+                                               use_triton)
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM, ADAMW = range(5)
 
+# The optimizers with a native CPU kernel (cpu_native.apply_update).
+_NATIVE_KINDS = {SGD: "sgd", ADAGRAD: "adagrad", ROWWISE_ADAGRAD: "rowwise_adagrad"}
 MAX_DIM = 4096        # widest row of the update kernel (one row per tile line)
 
 
@@ -201,6 +204,10 @@ def aggregate_and_update_triton(kind, weights, state, rows, grad_out, unique_ind
 def update(kind, weights, state, rows, grads, lr, eps=0.0, beta1=0.0, beta2=0.0,
            weight_decay=0.0):
     """Applies optimizer ``kind`` to the distinct ``rows`` given their gradients."""
+    if kind in _NATIVE_KINDS and use_native(weights, state, rows, grads):
+        from reckeras.backend_kernels import cpu_native
+        cpu_native.apply_update(_NATIVE_KINDS[kind], weights, state, rows, grads, lr, eps)
+        return
     fn = update_triton if use_triton(weights) else update_reference
     fn(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay)
 
@@ -222,8 +229,7 @@ def aggregate_and_update(kind, weights, state, rows, grad_out, unique_index,
         return
     grads = aggregate_row_grads(grad_out, unique_index, destination, id_weight,
                                 rows.numel())
-    update_reference(kind, weights, state, rows, grads, lr, eps, beta1, beta2,
-                     weight_decay)
+    update(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay)
 
 
 def sgd_update(weights, rows, grads, lr):

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reckeras.backend_kernels import cpu_native, hash_table
-from reckeras.backend_kernels.hashing import mix64
+from reckeras.backend_kernels.hashing import mix64_reference
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(),
                                 reason="no C compiler: native kernels unavailable")
@@ -15,18 +15,15 @@ EXTREMES = [0, 1, -1, 2**63 - 1, -(2**63), -(2**63) + 1]
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300), st.integers(1, 5))
-def test_table_keys(ids, batch):
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300),
+       st.lists(st.integers(0, 40), min_size=1, max_size=8))
+def test_table_keys(ids, counts):
     ids = torch.tensor(ids + EXTREMES, dtype=torch.int64)
-    n = ids.numel() - ids.numel() % batch
-    ids = ids[:n]
-    slots = max(n // batch, 1)
-    salt = torch.randint(-(2**62), 2**62, (slots,))
-    expected = mix64(ids) ^ salt[torch.arange(n) // batch]
-    assert torch.equal(cpu_native.table_keys(ids, salt, None, batch), expected)
-    slot_index = torch.randint(0, slots, (n,))
-    assert torch.equal(cpu_native.table_keys(ids, salt, slot_index, batch),
-                       mix64(ids) ^ salt[slot_index])
+    counts = torch.tensor(counts, dtype=torch.int64)
+    ids = ids.repeat(int(counts.sum()) // max(ids.numel(), 1) + 1)[:int(counts.sum())]
+    salt = torch.randint(-(2**62), 2**62, (counts.numel(),))
+    expected = mix64_reference(ids) ^ salt.repeat_interleave(counts)
+    assert torch.equal(cpu_native.table_keys(ids, salt, counts), expected)
 
 
 @settings(max_examples=30, deadline=None)

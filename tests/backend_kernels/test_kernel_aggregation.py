@@ -28,8 +28,10 @@ def naive_aggregation(grad_out, unique_index, destination, id_weight, num_unique
 def test_unique_rows_matches_torch_unique():
     rows = torch.tensor([7, 3, 7, 0, 9, 3, 3])
     unique, unique_index = aggregation.unique_rows(rows, 10)
-    expected, inverse = torch.unique(rows, return_inverse=True)
-    assert torch.equal(unique, expected) and torch.equal(unique_index, inverse)
+    # The order of the distinct rows is the kernel's (sorted in the reference,
+    # first appearance in the native CPU kernel); the mapping is what counts.
+    assert sorted(unique.tolist()) == torch.unique(rows).tolist()
+    assert torch.equal(unique[unique_index], rows)
     none = torch.zeros(0, dtype=torch.int64)
     unique, unique_index = aggregation.unique_rows(none, 0)
     assert unique.numel() == 0 and unique_index.numel() == 0

@@ -80,7 +80,7 @@ def test_reference_is_deterministic_and_numbers_frequent_keys_first():
     results = []
     for _ in range(2):
         slot_keys, slot_rows = hash_table.new_slots(32)
-        results.append(hash_table.find_or_insert(slot_keys, slot_rows, keys, 10)[0])
+        results.append(hash_table.find_or_insert_reference(slot_keys, slot_rows, keys, 10)[0])
     assert torch.equal(results[0], results[1])
     assert results[0].tolist() == [12, 10, 10, 11, 10, 11, 13]
 
