@@ -93,7 +93,8 @@ def main():
             "torchrec": lambda: baselines.torchrec(workload, batches, args.warmup),
         }
         for system, run in systems.items():
-            rate = run()
+            measured = run()
+            rate = getattr(measured, "examples_per_s", measured)   # baselines: Measurement
             results[name, system] = rate
             if rate is None:
                 print(f"{name} {system} skipped (not installed)", flush=True)

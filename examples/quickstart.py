@@ -1,8 +1,8 @@
 """The README quickstart: DLRM on the packaged criteo_synth dataset."""
 
-import keras
+import reckeras as rk  # first: selects Keras's torch backend
 
-import reckeras as rk
+import keras  # noqa: E402
 
 train = rk.datasets.load("criteo_synth", split="train")
 test = rk.datasets.load("criteo_synth", split="test")
