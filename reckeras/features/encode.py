@@ -67,7 +67,8 @@ def _numbers(spec, column):
     if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         raise FeatureInputError(f"feature {spec.name!r}: expected a numeric column, "
                                 f"got {column.type}")
-    values = column.cast(pa.float32()).to_numpy(zero_copy_only=False)
+    # Large counts lose precision in float32; that is the documented input type.
+    values = column.cast(pa.float32(), safe=False).to_numpy(zero_copy_only=False)
     values = np.asarray(values, dtype=np.float32)
     if np.isinf(values).any():
         raise FeatureInputError(f"feature {spec.name!r}: column holds +-inf")

@@ -74,3 +74,9 @@ def test_missing_column_and_empty_batch():
         encode(SPECS, batch().drop(["c"]))
     with pytest.raises(FeatureInputError, match="empty batch"):
         encode(SPECS, batch().slice(0, 0))
+
+
+def test_large_integer_counts_become_float32():
+    out = encode([rk.features.Numeric("n")], {"n": pa.array([17431178, 2**40, None])})
+    np.testing.assert_allclose(out["n"][:2], [17431178.0, 2.0**40], rtol=1e-7)
+    assert np.isnan(out["n"][2])
