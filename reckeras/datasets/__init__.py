@@ -1,0 +1,26 @@
+"""Packaged demo datasets, synthetic generators and real-format readers.
+
+`criteo_synth` ships inside the package: a Criteo-like click log whose labels
+come from a hidden teacher, so the Bayes-optimal test AUC is known
+(`Dataset.bayes_auc`). `generate` writes larger splits from the same teacher;
+`from_parquet` and `criteo_tsv` read your own files. Every reader returns a
+`Dataset` that streams fixed-size `pyarrow.RecordBatch`es, shuffled and
+sharded on request.
+
+This package depends on nothing else of reckeras.
+
+Example:
+    >>> import reckeras as rk
+    >>> train = rk.datasets.load("criteo_synth", split="train")
+    >>> test = rk.datasets.load("criteo_synth", split="test")
+    >>> for batch in train.batches(4096, shuffle=True, seed=0):
+    ...     ...
+    >>> test.bayes_auc()  # the AUC a perfect model would reach
+"""
+
+from reckeras.datasets._criteo_tsv import criteo_tsv
+from reckeras.datasets._dataset import Dataset
+from reckeras.datasets._parquet import from_parquet
+from reckeras.datasets._registry import generate, list, load
+
+__all__ = ["Dataset", "criteo_tsv", "from_parquet", "generate", "list", "load"]

@@ -1,0 +1,259 @@
+"""`Dataset`: a re-iterable, shardable stream of fixed-size record batches.
+
+A dataset reads through a *source* that splits its files into *units*: a
+parquet row group, or a whole TSV file. A unit is the smallest piece that can
+be read without reading the ones before it, so shuffling permutes units and
+sharding cuts the unit sequence into balanced row ranges; only a unit that
+straddles a cut is read (partly) by two shards.
+
+A source has `files` (list of paths), `schema` (pyarrow.Schema),
+`unit_rows()` (rows per unit, in storage order) and
+`read_unit(unit, start, stop, columns)` (an iterator of tables holding rows
+[start, stop) of that unit).
+"""
+
+import numpy as np
+import pyarrow as pa
+
+from reckeras.datasets._stats import roc_auc
+
+# Rows mixed by one in-memory permutation when shuffling: large enough to
+# mix many row groups, small enough (about 100 MB for Criteo-like rows) to
+# stay in memory.
+_SHUFFLE_WINDOW_ROWS = 262_144
+
+LABEL = "label"
+TEACHER_PROB = "teacher_prob"
+
+
+class Dataset:
+    """Labelled rows in files, streamed as fixed-size pyarrow record batches.
+
+    Make one with `load`, `generate`, `from_parquet` or `criteo_tsv` rather
+    than directly. Iterating is cheap to restart: every `batches` call opens
+    the files afresh, so one `Dataset` serves every epoch and every reader.
+
+    Args:
+        source: the reader of the underlying files (see the module docstring).
+        name: a short name used in messages, e.g. "criteo_synth:train".
+        metadata: a dict describing the data.
+
+    Example:
+        >>> import reckeras as rk
+        >>> train = rk.datasets.load("criteo_synth", split="train")
+        >>> batch = next(train.batches(4096, shuffle=True, seed=1))
+        >>> batch.num_rows
+        4096
+    """
+
+    def __init__(self, source, name, metadata):
+        self._source = source
+        self.name = name
+        self.metadata = metadata
+        self.label = LABEL
+
+    def __repr__(self):
+        return (f"Dataset({self.name!r}, files={len(self.files)}, "
+                f"columns={len(self.schema)})")
+
+    @property
+    def files(self):
+        """The paths read, in storage order."""
+        return list(self._source.files)
+
+    @property
+    def schema(self):
+        """The `pyarrow.Schema` of every batch (before column selection)."""
+        return self._source.schema
+
+    @property
+    def num_rows(self):
+        """Total number of rows (may need one pass over text files)."""
+        return int(sum(self._source.unit_rows()))
+
+    def _shard_range(self, shard_index, num_shards):
+        if not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
+        if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
+            raise ValueError(
+                f"shard_index must be an int in [0, {num_shards}), got "
+                f"{shard_index!r}")
+        total = self.num_rows
+        return (total * shard_index // num_shards,
+                total * (shard_index + 1) // num_shards)
+
+    def num_batches(self, batch_size, drop_remainder=False, shard_index=0,
+                    num_shards=1):
+        """Number of batches that `batches` yields with the same arguments.
+
+        Args:
+            batch_size: rows per batch.
+            drop_remainder: whether the last, smaller batch is dropped.
+            shard_index: which shard, in [0, num_shards).
+            num_shards: number of disjoint shards the rows are split into.
+
+        Returns:
+            The batch count of that shard (shuffling does not change it).
+
+        Example:
+            >>> train.num_batches(4096, drop_remainder=True)
+            48
+        """
+        _check_batch_size(batch_size)
+        start, stop = self._shard_range(shard_index, num_shards)
+        rows = stop - start
+        return rows // batch_size if drop_remainder else -(-rows // batch_size)
+
+    def batches(self, batch_size, *, shuffle=False, seed=0,
+                drop_remainder=False, columns=None, shard_index=0,
+                num_shards=1):
+        """Streams the rows as `pyarrow.RecordBatch`es of `batch_size` rows.
+
+        Shards are balanced contiguous row ranges of the (possibly shuffled)
+        unit order: every shard gets `num_rows // num_shards` or one more row,
+        shards are disjoint, and together they hold every row once. With the
+        same `seed` all shards agree on the unit order, so they stay disjoint
+        when shuffled; change `seed` every epoch for a fresh order.
+
+        Args:
+            batch_size: rows per batch; only the last batch may be smaller.
+            shuffle: whether to permute the order of row groups (and files),
+                then the rows within windows of about 262k rows.
+            seed: seed of the shuffle; the same seed gives the same order.
+            drop_remainder: whether to drop a last batch smaller than
+                `batch_size`.
+            columns: names of the columns to read; all when None.
+            shard_index: which shard to read, in [0, num_shards).
+            num_shards: number of disjoint shards the rows are split into.
+
+        Returns:
+            An iterator of `pyarrow.RecordBatch`.
+
+        Raises:
+            ValueError: for a bad batch size or shard, or an unknown column.
+
+        Example:
+            >>> for batch in train.batches(4096, shuffle=True, seed=epoch,
+            ...                            shard_index=rank, num_shards=world):
+            ...     labels = batch.column("label")
+        """
+        _check_batch_size(batch_size)
+        if columns is not None:
+            columns = [columns] if isinstance(columns, str) else list(columns)
+            unknown = [c for c in columns if c not in self.schema.names]
+            if unknown:
+                raise ValueError(
+                    f"{self.name}: unknown columns {unknown}; the columns are "
+                    f"{self.schema.names}")
+        start, stop = self._shard_range(shard_index, num_shards)
+        pieces = self._read_range(start, stop, shuffle, seed, columns)
+        if shuffle:
+            window_rng = np.random.default_rng([seed, shard_index])
+            pieces = _window_shuffle(pieces, window_rng)
+        return _rebatch(pieces, batch_size, drop_remainder)
+
+    def _read_range(self, start, stop, shuffle, seed, columns):
+        unit_rows = self._source.unit_rows()
+        order = np.arange(len(unit_rows))
+        if shuffle:
+            order = np.random.default_rng(seed).permutation(len(unit_rows))
+        offset = 0
+        for unit in order:
+            rows = unit_rows[unit]
+            lo, hi = max(start - offset, 0), min(stop - offset, rows)
+            offset += rows
+            if lo < hi:
+                yield from self._source.read_unit(int(unit), lo, hi, columns)
+            if offset >= stop:
+                return
+
+    def to_table(self):
+        """Reads every row into one `pyarrow.Table`.
+
+        Returns:
+            A table with `schema`, rows in storage order.
+
+        Example:
+            >>> labels = test.to_table()["label"].to_numpy()
+        """
+        pieces = list(self._read_range(0, self.num_rows, False, 0, None))
+        if not pieces:
+            return self.schema.empty_table()
+        return pa.concat_tables(pieces)
+
+    def bayes_auc(self):
+        """Exact ROC AUC of the hidden teacher's probability on these rows.
+
+        This is the best AUC any model can reach on these rows in
+        expectation, since labels were drawn from `teacher_prob`.
+
+        Returns:
+            The AUC of column `teacher_prob` against `label`, ties counted
+            as one half.
+
+        Raises:
+            ValueError: when the dataset has no `teacher_prob` column.
+
+        Example:
+            >>> test = rk.datasets.load("criteo_synth", split="test")
+            >>> round(test.bayes_auc(), 3)
+            0.847
+        """
+        if TEACHER_PROB not in self.schema.names:
+            raise ValueError(
+                f"dataset {self.name!r} has no {TEACHER_PROB!r} column, so its "
+                f"Bayes-optimal AUC is unknown; only synthetic datasets carry it")
+        pieces = self._read_range(0, self.num_rows, False, 0,
+                                  [LABEL, TEACHER_PROB])
+        table = pa.concat_tables(pieces)
+        return roc_auc(table[LABEL].to_numpy(), table[TEACHER_PROB].to_numpy())
+
+
+def _check_batch_size(batch_size):
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+def _window_shuffle(pieces, rng):
+    """Permutes rows within consecutive windows of _SHUFFLE_WINDOW_ROWS rows."""
+    window, window_rows = [], 0
+    for piece in pieces:
+        window.append(piece)
+        window_rows += piece.num_rows
+        if window_rows >= _SHUFFLE_WINDOW_ROWS:
+            yield _permuted(window, rng)
+            window, window_rows = [], 0
+    if window_rows:
+        yield _permuted(window, rng)
+
+
+def _permuted(tables, rng):
+    table = pa.concat_tables(tables)
+    return table.take(rng.permutation(table.num_rows))
+
+
+def _rebatch(pieces, batch_size, drop_remainder):
+    """Regroups a stream of tables into record batches of batch_size rows."""
+    pending, pending_rows = [], 0
+    for piece in pieces:
+        if piece.num_rows == 0:
+            continue
+        pending.append(piece)
+        pending_rows += piece.num_rows
+        if pending_rows < batch_size:
+            continue
+        # One contiguous copy per piece; every batch is then a zero-copy slice.
+        merged = _single_batch(pending)
+        full = pending_rows - pending_rows % batch_size
+        for start in range(0, full, batch_size):
+            yield merged.slice(start, batch_size)
+        rest = merged.slice(full)
+        pending = [pa.Table.from_batches([rest])] if rest.num_rows else []
+        pending_rows = rest.num_rows
+    if pending_rows and not drop_remainder:
+        yield _single_batch(pending)
+
+
+def _single_batch(tables):
+    # combine_chunks leaves one chunk per column, hence exactly one batch.
+    return pa.concat_tables(tables).combine_chunks().to_batches()[0]

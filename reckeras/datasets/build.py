@@ -1,0 +1,19 @@
+"""Regenerates the packaged parquet files: `python -m reckeras.datasets.build`.
+
+Every split of every synthetic dataset is written with its default size and
+seed by `generate`, so the packaged files are reproducible bit for bit.
+"""
+
+from reckeras.datasets import _registry, _synth
+
+
+def main():
+    for name, spec in sorted(_synth.SPECS.items()):
+        for split, rows in spec.default_rows.items():
+            path = _registry.packaged_path(name, split)
+            _registry.generate(name, rows, path, split=split)
+            print(f"{path}: {rows} rows, {path.stat().st_size / 2**20:.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()
