@@ -22,5 +22,7 @@ from reckeras.datasets._criteo_tsv import criteo_tsv
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import from_parquet
 from reckeras.datasets._registry import generate, list, load
+from reckeras.datasets.taobao import taobao_user_behavior
 
-__all__ = ["Dataset", "criteo_tsv", "from_parquet", "generate", "list", "load"]
+__all__ = ["Dataset", "criteo_tsv", "from_parquet", "generate", "list", "load",
+           "taobao_user_behavior"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from reckeras.datasets import _synth
+from reckeras.datasets import _synth, taobao
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -28,10 +28,15 @@ def list():  # noqa: A001 - the public name is rk.datasets.list
         >>> rk.datasets.list()
         ['criteo_synth']
     """
-    return sorted(_synth.SPECS)
+    return sorted([*_synth.SPECS, taobao.NAME])
 
 
 def _spec(name, split):
+    if name == taobao.NAME:
+        if split not in taobao.SPLIT_SEEDS:
+            raise ValueError(f"dataset {name!r} has no split {split!r}; its splits "
+                             f"are {builtins.list(taobao.SPLIT_SEEDS)}")
+        return None
     if name not in _synth.SPECS:
         raise ValueError(f"unknown dataset {name!r}; the datasets are {list()}")
     spec = _synth.SPECS[name]
@@ -101,6 +106,9 @@ def generate(name, rows, path, split="train", seed=None):
         >>> big = rk.datasets.generate("criteo_synth", 5_000_000,
         ...                            "/tmp/criteo_synth_5m.parquet")
     """
+    if name == taobao.NAME:
+        _spec(name, split)
+        return taobao.generate_taobao_synth(rows, path, split=split, seed=seed)
     spec = _spec(name, split)
     if not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows must be a positive int, got {rows!r}")

@@ -1,0 +1,373 @@
+"""Multi-head attention over jagged (variable-length) sequences.
+
+A batch of ``B`` sequences is packed without padding: ``q``, ``k`` and ``v``
+are ``[N, H, Dh]`` (``N`` tokens in all, ``H`` heads of ``Dh`` dims) and
+sequence ``b`` holds tokens ``offsets[b]:offsets[b + 1]``. Every token attends
+to the tokens of its own sequence only (with ``causal``, to those at or before
+it), which is the key mask of a padded ``[B, L]`` batch, fused into the kernel.
+
+* Triton (CUDA tensors): a flash-attention forward (``_forward_kernel``: one
+  program per block of ``BLOCK_M`` queries of one sequence and head, online
+  softmax over blocks of keys, keys past the sequence's length never loaded)
+  and a backward in two kernels with no atomics (``_backward_kv_kernel``: one
+  program per block of keys accumulates their ``dK``/``dV`` over the queries;
+  ``_backward_q_kernel``: one per block of queries accumulates ``dQ``). Work
+  and memory follow ``N``, not ``B * max_len``: a batch of long-tailed
+  behaviour histories pays nothing for its padding.
+* torch reference (CPU tensors): the tokens scattered into padded
+  ``[B, H, L, Dh]`` batches (one per length class, so padding stays below
+  half of the work), ``scaled_dot_product_attention`` with the boolean key
+  mask, and gathered back.
+
+Empty sequences have no tokens, so they cost nothing and produce nothing; a
+padded reference never sees a fully masked softmax row either (padding
+queries attend to every key, and their outputs are dropped), so no NaN can
+reach a value or a gradient.
+"""
+
+import math
+
+import torch
+
+from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
+                                               next_power_of_2, reduce_max, reduce_sum,
+                                               use_triton)
+from reckeras.backend_kernels.pooling import sequence_positions
+
+FORWARD_BLOCK = 64      # queries (and keys per step) of a forward program
+BACKWARD_BLOCK = 32     # keys (queries) of a backward program, and per step
+MAX_HEAD_DIM = 256
+
+
+def _check(q, k, v, offsets):
+    if q.dim() != 3 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"jagged attention needs q, k and v of one shape [N, H, Dh]; "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"offsets must be a 1-D tensor of B + 1 entries, got shape "
+                         f"{tuple(offsets.shape)}")
+
+
+def _scale(scale, head_dim):
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+# ---- torch reference -------------------------------------------------------------------
+
+def padded_attention_reference(q, k, v, mask, causal=False, scale=None):
+    """Masked attention over a padded batch, with SDPA.
+
+    Args:
+        q, k, v: float ``[B, H, L, Dh]``.
+        mask: bool ``[B, L]``, True at the positions that hold a token; the
+            keys of other positions are never attended to.
+        causal: whether position ``i`` attends only to positions ``<= i``.
+        scale: softmax scale; ``1 / sqrt(Dh)`` by default.
+
+    Returns:
+        ``[B, H, L, Dh]``, zeros at the positions where ``mask`` is False
+        (rows of length 0 included).
+    """
+    length = q.shape[2]
+    allowed = mask[:, None, None, :]
+    if causal:
+        positions = torch.arange(length, device=q.device)
+        allowed = allowed & (positions[None, :] <= positions[:, None])
+    # A padding query may have no key to attend to (a length-0 row): it
+    # attends to every key instead, and its output is dropped below, so the
+    # softmax never sees a fully masked row (NaN in values and gradients).
+    allowed = allowed | ~mask[:, None, :, None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed, scale=_scale(scale, q.shape[-1]))
+    return out * mask[:, None, :, None].to(out.dtype)
+
+
+def jagged_attention_reference(q, k, v, offsets, max_len, causal=False, scale=None):
+    """``jagged_attention`` with SDPA on padded batches.
+
+    Sequences are grouped by length class (lengths in ``(c/2, c]`` for
+    ``c`` a power of two, capped at ``max_len``) and each group is padded to
+    its class only: a long-tailed batch then pays for about twice its
+    tokens' attention, not for ``B * max_len**2``.
+    """
+    _check(q, k, v, offsets)
+    num_tokens, heads, head_dim = q.shape
+    lengths = offsets[1:] - offsets[:-1]
+    sequence, position = sequence_positions(offsets, num_tokens)
+    # 2 ** ceil(log2(length)), exactly, for lengths >= 1.
+    classes = torch.where(lengths > 1, torch.pow(2, torch.frexp(
+        (lengths - 1).double())[1].long()), lengths).clamp(max=max_len)
+    token_class = classes.index_select(0, sequence)
+    order, results = [], []
+    for width in torch.unique(classes[lengths > 0]).tolist():
+        members = (classes == width).nonzero().squeeze(1)
+        rank = torch.full_like(lengths, -1).index_copy_(
+            0, members, torch.arange(members.numel(), device=offsets.device))
+        tokens = (token_class == width).nonzero().squeeze(1)
+        slot = rank.index_select(0, sequence.index_select(0, tokens)) * width \
+            + position.index_select(0, tokens)
+        rows = members.numel() * width
+
+        def padded(x):
+            return x.new_zeros(rows, heads, head_dim).index_copy(
+                0, slot, x.index_select(0, tokens)) \
+                .view(-1, width, heads, head_dim).transpose(1, 2)
+
+        mask = torch.zeros(rows, dtype=torch.bool, device=q.device)
+        mask.index_fill_(0, slot, True)
+        result = padded_attention_reference(padded(q), padded(k), padded(v),
+                                            mask.view(-1, width), causal, scale)
+        order.append(tokens)
+        results.append(result.transpose(1, 2).reshape(rows, heads, head_dim)
+                       .index_select(0, slot))
+    if not results:
+        return torch.zeros_like(q)
+    # The classes' tokens are a permutation of all tokens: one gather undoes it.
+    order = torch.cat(order)
+    inverse = torch.empty_like(order).index_copy_(
+        0, order, torch.arange(num_tokens, device=order.device))
+    return torch.cat(results).index_select(0, inverse)
+
+
+# ---- Triton ------------------------------------------------------------------------------
+
+@kernel
+def _tile(ptr, first_token, rows, length, head, heads, head_dim, cols):
+    """The ``[rows, cols]`` tile of one head; zeros past ``length``/``head_dim``."""
+    live = (rows < length)[:, None] & (cols < head_dim)[None, :]
+    at = ((first_token + rows) * heads + head)[:, None] * head_dim + cols[None, :]
+    return tl.load(ptr + at, mask=live, other=0.0)
+
+
+@kernel
+def _allowed(rows, keys, length, CAUSAL: constexpr):
+    """``[rows, keys]``: key inside the sequence (and not after the query)."""
+    allowed = (keys < length)[None, :] & (rows >= 0)[:, None]
+    if CAUSAL:
+        allowed = allowed & (keys[None, :] <= rows[:, None])
+    return allowed
+
+
+@kernel
+def _forward_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, out_ptr, lse_ptr, heads,
+                    head_dim, scale, CAUSAL: constexpr, PRECISION: constexpr,
+                    BLOCK: constexpr, BLOCK_D: constexpr):
+    first_query = tl.program_id(0) * BLOCK
+    sequence = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2).to(tl.int64)
+    start = tl.load(offsets_ptr + sequence)
+    length = tl.load(offsets_ptr + sequence + 1) - start
+    if first_query < length:
+        rows = first_query + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK_D)
+        q = _tile(q_ptr, start, rows, length, head, heads, head_dim, cols)
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        total = tl.full([BLOCK], 0.0, tl.float32)
+        acc = tl.full([BLOCK, BLOCK_D], 0.0, tl.float32)
+        last_key = length
+        if CAUSAL:
+            last_key = tl.minimum(length, first_query + BLOCK)
+        # Key 0 is allowed for every query, so `best` is finite after the
+        # first step and no exp() below sees -inf - -inf.
+        for first_key in range(0, last_key, BLOCK):
+            keys = first_key + tl.arange(0, BLOCK)
+            k = _tile(k_ptr, start, keys, length, head, heads, head_dim, cols)
+            v = _tile(v_ptr, start, keys, length, head, heads, head_dim, cols)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            scores = tl.where(_allowed(rows, keys, length, CAUSAL), scores,
+                              float("-inf"))
+            new_best = tl.maximum(best, reduce_max(scores, 1))
+            decay = tl.exp(best - new_best)
+            p = tl.exp(scores - new_best[:, None])
+            total = total * decay + reduce_sum(p, 1)
+            acc = acc * decay[:, None] + tl.dot(p.to(v.dtype), v,
+                                                input_precision=PRECISION)
+            best = new_best
+        out = acc / total[:, None]
+        live = rows < length
+        at = ((start + rows) * heads + head)[:, None] * head_dim + cols[None, :]
+        tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty),
+                 mask=live[:, None] & (cols < head_dim)[None, :])
+        tl.store(lse_ptr + (start + rows) * heads + head, best + tl.log(total),
+                 mask=live)
+
+
+@kernel
+def _probabilities(q, k, lse, rows, keys, length, scale, CAUSAL: constexpr,
+                   PRECISION: constexpr):
+    """Recomputed softmax ``[rows, keys]``; zero where not allowed."""
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    allowed = _allowed(rows, keys, length, CAUSAL) & (rows < length)[:, None]
+    return tl.where(allowed, tl.exp(scores - lse[:, None]), 0.0)
+
+
+@kernel
+def _backward_kv_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, grad_out_ptr, lse_ptr,
+                        delta_ptr, grad_k_ptr, grad_v_ptr, heads, head_dim, scale,
+                        CAUSAL: constexpr, PRECISION: constexpr, BLOCK: constexpr,
+                        BLOCK_D: constexpr):
+    first_key = tl.program_id(0) * BLOCK
+    sequence = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2).to(tl.int64)
+    start = tl.load(offsets_ptr + sequence)
+    length = tl.load(offsets_ptr + sequence + 1) - start
+    if first_key < length:
+        keys = first_key + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK_D)
+        k = _tile(k_ptr, start, keys, length, head, heads, head_dim, cols)
+        v = _tile(v_ptr, start, keys, length, head, heads, head_dim, cols)
+        grad_k = tl.full([BLOCK, BLOCK_D], 0.0, tl.float32)
+        grad_v = tl.full([BLOCK, BLOCK_D], 0.0, tl.float32)
+        first_query = 0
+        if CAUSAL:
+            first_query = first_key       # earlier queries never see these keys
+        for query_block in range(first_query, length, BLOCK):
+            rows = query_block + tl.arange(0, BLOCK)
+            live = rows < length
+            q = _tile(q_ptr, start, rows, length, head, heads, head_dim, cols)
+            grad_out = _tile(grad_out_ptr, start, rows, length, head, heads,
+                             head_dim, cols)
+            lse = tl.load(lse_ptr + (start + rows) * heads + head, mask=live, other=0.0)
+            delta = tl.load(delta_ptr + (start + rows) * heads + head, mask=live,
+                            other=0.0)
+            p = _probabilities(q, k, lse, rows, keys, length, scale, CAUSAL, PRECISION)
+            grad_v += tl.dot(tl.trans(p).to(grad_out.dtype), grad_out,
+                             input_precision=PRECISION)
+            grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
+            grad_scores = p * (grad_p - delta[:, None])
+            grad_k += tl.dot(tl.trans(grad_scores).to(q.dtype), q,
+                             input_precision=PRECISION)
+        at = ((start + keys) * heads + head)[:, None] * head_dim + cols[None, :]
+        live = (keys < length)[:, None] & (cols < head_dim)[None, :]
+        tl.store(grad_k_ptr + at, (grad_k * scale).to(grad_k_ptr.dtype.element_ty),
+                 mask=live)
+        tl.store(grad_v_ptr + at, grad_v.to(grad_v_ptr.dtype.element_ty), mask=live)
+
+
+@kernel
+def _backward_q_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, grad_out_ptr, lse_ptr,
+                       delta_ptr, grad_q_ptr, heads, head_dim, scale,
+                       CAUSAL: constexpr, PRECISION: constexpr, BLOCK: constexpr,
+                       BLOCK_D: constexpr):
+    first_query = tl.program_id(0) * BLOCK
+    sequence = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2).to(tl.int64)
+    start = tl.load(offsets_ptr + sequence)
+    length = tl.load(offsets_ptr + sequence + 1) - start
+    if first_query < length:
+        rows = first_query + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK_D)
+        live = rows < length
+        q = _tile(q_ptr, start, rows, length, head, heads, head_dim, cols)
+        grad_out = _tile(grad_out_ptr, start, rows, length, head, heads, head_dim,
+                         cols)
+        lse = tl.load(lse_ptr + (start + rows) * heads + head, mask=live, other=0.0)
+        delta = tl.load(delta_ptr + (start + rows) * heads + head, mask=live,
+                        other=0.0)
+        grad_q = tl.full([BLOCK, BLOCK_D], 0.0, tl.float32)
+        last_key = length
+        if CAUSAL:
+            last_key = tl.minimum(length, first_query + BLOCK)
+        for first_key in range(0, last_key, BLOCK):
+            keys = first_key + tl.arange(0, BLOCK)
+            k = _tile(k_ptr, start, keys, length, head, heads, head_dim, cols)
+            v = _tile(v_ptr, start, keys, length, head, heads, head_dim, cols)
+            p = _probabilities(q, k, lse, rows, keys, length, scale, CAUSAL, PRECISION)
+            grad_p = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
+            grad_scores = p * (grad_p - delta[:, None])
+            grad_q += tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION)
+        at = ((start + rows) * heads + head)[:, None] * head_dim + cols[None, :]
+        tl.store(grad_q_ptr + at, (grad_q * scale).to(grad_q_ptr.dtype.element_ty),
+                 mask=live[:, None] & (cols < head_dim)[None, :])
+
+
+_triton = TritonKernels(globals())
+
+
+def _launch_config(q):
+    head_dim = q.shape[2]
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"the Triton jagged attention supports head dims up to "
+                         f"{MAX_HEAD_DIM}, got {head_dim}")
+    # float32 products in full precision (as the reference); half types in the
+    # tensor cores' native precision.
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # tl.dot needs every tile dimension >= 16.
+    return max(16, next_power_of_2(head_dim)), precision
+
+
+def _forward_triton(q, k, v, offsets, max_len, causal, scale):
+    num_tokens, heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=q.device)
+    batch = offsets.numel() - 1
+    if num_tokens and batch and max_len:
+        block_d, precision = _launch_config(q)
+        grid = (-(-max_len // FORWARD_BLOCK), batch, heads)
+        _triton.ready()["_forward_kernel"][grid](
+            q, k, v, offsets, out, lse, heads, head_dim, scale, CAUSAL=causal,
+            PRECISION=precision, BLOCK=FORWARD_BLOCK, BLOCK_D=block_d)
+    return out, lse
+
+
+def _backward_triton(q, k, v, offsets, max_len, causal, scale, out, lse, grad_out):
+    num_tokens, heads, head_dim = q.shape
+    grad_q, grad_k, grad_v = (torch.empty_like(q) for _ in range(3))
+    batch = offsets.numel() - 1
+    if num_tokens and batch and max_len:
+        block_d, precision = _launch_config(q)
+        grad_out = grad_out.contiguous()
+        delta = (grad_out.float() * out.float()).sum(-1)       # [N, H]
+        grid = (-(-max_len // BACKWARD_BLOCK), batch, heads)
+        ns = _triton.ready()
+        ns["_backward_kv_kernel"][grid](
+            q, k, v, offsets, grad_out, lse, delta, grad_k, grad_v, heads, head_dim,
+            scale, CAUSAL=causal, PRECISION=precision, BLOCK=BACKWARD_BLOCK,
+            BLOCK_D=block_d)
+        ns["_backward_q_kernel"][grid](
+            q, k, v, offsets, grad_out, lse, delta, grad_q, heads, head_dim, scale,
+            CAUSAL=causal, PRECISION=precision, BLOCK=BACKWARD_BLOCK, BLOCK_D=block_d)
+    return grad_q, grad_k, grad_v
+
+
+class JaggedAttention(torch.autograd.Function):
+    """The Triton forward and backward as one differentiable op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, offsets, max_len, causal, scale):
+        q, k, v, offsets = (t.contiguous() for t in (q, k, v, offsets))
+        out, lse = _forward_triton(q, k, v, offsets, max_len, causal, scale)
+        ctx.save_for_backward(q, k, v, offsets, out, lse)
+        ctx.max_len, ctx.causal, ctx.scale = max_len, causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, offsets, out, lse = ctx.saved_tensors
+        grads = _backward_triton(q, k, v, offsets, ctx.max_len, ctx.causal, ctx.scale,
+                                 out, lse, grad_out)
+        return (*grads, None, None, None, None)
+
+
+def jagged_attention_triton(q, k, v, offsets, max_len, causal=False, scale=None):
+    _check(q, k, v, offsets)
+    return JaggedAttention.apply(q, k, v, offsets, int(max_len), bool(causal),
+                                 _scale(scale, q.shape[-1]))
+
+
+def jagged_attention(q, k, v, offsets, max_len, causal=False, scale=None):
+    """Softmax attention within each sequence of a packed batch.
+
+    Args:
+        q, k, v: float ``[N, H, Dh]``, the tokens of all sequences, packed.
+        offsets: int64 ``[B + 1]``; sequence ``b`` is tokens
+            ``offsets[b]:offsets[b + 1]`` (it may be empty).
+        max_len: an upper bound of the sequence lengths.
+        causal: whether a token attends only to itself and earlier tokens.
+        scale: softmax scale; ``1 / sqrt(Dh)`` by default.
+
+    Returns:
+        ``[N, H, Dh]``, differentiable in ``q``, ``k`` and ``v``.
+    """
+    fn = jagged_attention_triton if use_triton(q) else jagged_attention_reference
+    return fn(q, k, v, offsets, max_len, causal, scale)

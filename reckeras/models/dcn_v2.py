@@ -1,0 +1,57 @@
+"""DCN-V2 (Wang et al., WWW 2021) built from reckeras's public layers."""
+
+import keras
+
+from reckeras.layers.crossnet import CrossNet
+from reckeras.layers.mlp import MLP
+from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.pipeline.model import Model
+
+STRUCTURES = ("stacked", "parallel")
+
+
+def dcn_v2(columns, cross_layers=3, low_rank=None, deep_units=(256, 128),
+           structure="stacked", output_activation="sigmoid", table_options=None):
+    """An uncompiled DCN-V2 over ``columns``.
+
+    The dense features and every pooled embedding are concatenated into
+    ``x_0``; a ``rk.layers.CrossNet`` and a deep MLP either run one after the
+    other (``"stacked"``: cross network, then MLP) or side by side
+    (``"parallel"``: both read ``x_0``, their outputs are concatenated), and
+    a last linear layer gives the output.
+
+    Args:
+        columns: a ``rk.layers.FeatureColumns`` whose sparse features are
+            pooled (Categorical, Cross, pooled Sequence); dims may differ.
+        cross_layers: number of cross layers.
+        low_rank: None for full cross matrices, else their rank.
+        deep_units: widths of the deep MLP's layers (ReLU).
+        structure: ``"stacked"`` or ``"parallel"``.
+        output_activation: activation of the output layer.
+        table_options: per-table options, passed to ``ShardedEmbedding``.
+
+    Returns:
+        An ``rk.Model``.
+
+    Example:
+        >>> model = rk.models.dcn_v2(columns, cross_layers=3, low_rank=64)
+        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
+        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    """
+    if structure not in STRUCTURES:
+        raise ValueError(f"dcn_v2 structure must be one of {STRUCTURES}, got "
+                         f"{structure!r}")
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedded = ShardedEmbedding(columns, output="concat",
+                                table_options=table_options)(sparse)
+    x0 = keras.ops.concatenate([dense, embedded], axis=1)
+    crossed = CrossNet(cross_layers, low_rank=low_rank)(x0)
+    if structure == "stacked":
+        output = MLP(list(deep_units) + [1],
+                     output_activation=output_activation)(crossed)
+    else:
+        deep = MLP(list(deep_units), output_activation="relu")(x0)
+        joined = keras.ops.concatenate([crossed, deep], axis=1)
+        output = MLP([1], output_activation=output_activation)(joined)
+    return Model(inputs, output, name="dcn_v2")

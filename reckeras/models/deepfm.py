@@ -1,0 +1,69 @@
+"""DeepFM (Guo et al., IJCAI 2017) built from reckeras's public layers."""
+
+import keras
+
+from reckeras.features.specs import deserialize, serialize
+from reckeras.layers.fm import FM
+from reckeras.layers.mlp import MLP
+from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.pipeline.model import Model
+
+
+def _first_order_specs(columns):
+    """The sparse specs with dim 1, on tables of their own (``<table>:linear``)."""
+    specs = []
+    for spec in columns.sparse_specs:
+        config = serialize(spec)
+        config["config"] = {**config["config"], "dim": 1,
+                            "table": f"{spec.table}:linear"}
+        specs.append(config)
+    return [deserialize(config) for config in specs]
+
+
+def deepfm(columns, deep_units=(256, 128), dropout=0.0, output_activation="sigmoid",
+           table_options=None):
+    """An uncompiled DeepFM over ``columns``.
+
+    The logit is the sum of three terms sharing one input: a first-order
+    term (one learned weight per id, from dim-1 tables ``<table>:linear``,
+    plus a linear function of the dense features), the factorization
+    machine's pairwise term over the embeddings (``rk.layers.FM``), and a
+    deep MLP over the dense features and the flattened embeddings.
+
+    Args:
+        columns: a ``rk.layers.FeatureColumns`` whose sparse features are
+            pooled and share one dim (the FM's factors).
+        deep_units: widths of the deep MLP's hidden layers.
+        dropout: dropout rate of the deep MLP.
+        output_activation: activation applied to the summed logit.
+        table_options: per-table options, passed to ``ShardedEmbedding``
+            (of the factor tables).
+
+    Returns:
+        An ``rk.Model``.
+
+    Example:
+        >>> model = rk.models.deepfm(columns, deep_units=(256, 128))
+        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
+        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    """
+    dims = {spec.dim for spec in columns.sparse_specs}
+    if len(dims) != 1:
+        raise ValueError(f"deepfm needs sparse features of one dim (the FM's factor "
+                         f"size), got dims {sorted(dims)}")
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    factors = ShardedEmbedding(columns, table_options=table_options)(sparse)
+    # Small initial weights: dim-1 rows would start at +-1 each by default.
+    weights = ShardedEmbedding(_first_order_specs(columns), output="concat",
+                               init_scale=0.01)(sparse)
+    first_order = keras.ops.sum(weights, axis=1, keepdims=True)
+    if columns.plan.numeric:
+        first_order = first_order + MLP([1])(dense)
+    second_order = FM()(factors)
+    flat = keras.ops.reshape(factors, (-1, factors.shape[1] * factors.shape[2]))
+    deep = MLP(list(deep_units) + [1], dropout=dropout)(
+        keras.ops.concatenate([dense, flat], axis=1))
+    output = keras.layers.Activation(output_activation)(
+        first_order + second_order + deep)
+    return Model(inputs, output, name="deepfm")

@@ -1,0 +1,112 @@
+"""Every zoo model builds, trains, and round-trips model.save / load_model."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import reckeras as rk
+import keras
+
+F = rk.features
+
+
+def columns(combiner, dim=4):
+    return rk.layers.FeatureColumns([
+        F.Numeric("hist_len", transform="log1p"),
+        F.Categorical("user_age", dim=dim),
+        F.Categorical("item", dim=dim, table="item"),
+        F.Categorical("category", dim=dim, table="category"),
+        F.Sequence("hist_items", dim=dim, max_len=6, table="item", combiner=combiner),
+        F.Sequence("hist_cats", dim=dim, max_len=6, table="category",
+                   combiner=combiner),
+    ])
+
+
+def behaviour_table(rows=300, seed=0):
+    """Rows like taobao_synth's: the label says whether the target was seen."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 9, rows)            # 0 to 8: some rows are cut to 6
+    items = [rng.integers(0, 30, n) for n in lengths]
+    item = rng.integers(0, 30, rows)
+    return pa.table({
+        "hist_len": lengths,
+        "user_age": rng.integers(0, 5, rows),
+        "item": item,
+        "category": item % 7,
+        "hist_items": pa.array([list(h) for h in items], pa.list_(pa.int64())),
+        "hist_cats": pa.array([list(h % 7) for h in items], pa.list_(pa.int64())),
+        "label": np.array([float(t in h) for t, h in zip(item, items)]),
+    })
+
+
+MODELS = {
+    "dlrm": lambda: rk.models.dlrm(columns("sum"), bottom_units=(8, 4),
+                                   top_units=(8, 1)),
+    "dcn_v2": lambda: rk.models.dcn_v2(columns("sum"), cross_layers=2, low_rank=3,
+                                       deep_units=(8,)),
+    "dcn_v2_parallel": lambda: rk.models.dcn_v2(columns("mean"), deep_units=(8,),
+                                                structure="parallel"),
+    "deepfm": lambda: rk.models.deepfm(columns("mean"), deep_units=(8,)),
+    "din": lambda: rk.models.din(columns(None), attention_units=(8,),
+                                 top_units=(8, 1)),
+    "bst": lambda: rk.models.bst(columns(None), num_heads=2, ff_dim=8,
+                                 top_units=(8, 1)),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_train_save_load_identical_predictions(name, tmp_path):
+    keras.utils.set_random_seed(0)
+    model = MODELS[name]()
+    assert isinstance(model, rk.Model)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
+                  metrics=[rk.metrics.AUC()])
+    data = behaviour_table()
+    history = model.fit(data, batch_size=100, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    predictions = model.predict(data, batch_size=128)
+    assert predictions.shape == (data.num_rows, 1) and np.isfinite(predictions).all()
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_array_equal(loaded.predict(data, batch_size=128), predictions)
+    for before, after in zip(model.embedding_layers, loaded.embedding_layers):
+        for table, loaded_table in zip(before.tables, after.tables):
+            exported, reloaded = table.export(), loaded_table.export()
+            for key in exported:
+                np.testing.assert_array_equal(exported[key], reloaded[key])
+
+
+def test_sequence_models_pair_histories_with_targets():
+    with pytest.raises(ValueError, match="needs a behaviour history"):
+        rk.models.din(columns("sum"))
+    with pytest.raises(ValueError, match="cannot pick the target of history"):
+        rk.models.din(rk.layers.FeatureColumns([
+            F.Categorical("a", dim=4, table="t"), F.Categorical("b", dim=4, table="t"),
+            F.Sequence("h", dim=4, max_len=3, table="t", combiner=None)]))
+    explicit = rk.models.din(rk.layers.FeatureColumns([
+        F.Categorical("a", dim=4, table="t"), F.Categorical("b", dim=4, table="t"),
+        F.Sequence("h", dim=4, max_len=3, table="t", combiner=None)]),
+        history={"h": "b"})
+    assert isinstance(explicit, rk.Model)
+    with pytest.raises(ValueError, match="one max_len"):
+        rk.models.bst(rk.layers.FeatureColumns([
+            F.Categorical("a", dim=4), F.Categorical("b", dim=4),
+            F.Sequence("ha", dim=4, max_len=3, table="a", combiner=None),
+            F.Sequence("hb", dim=4, max_len=5, table="b", combiner=None)]))
+    with pytest.raises(ValueError, match="must share one dim"):
+        rk.models.din(rk.layers.FeatureColumns([
+            F.Categorical("a", dim=4),
+            F.Sequence("h", dim=8, max_len=3, combiner=None)]), history={"h": "a"})
+    with pytest.raises(ValueError, match="must divide the width of a behaviour"):
+        rk.models.bst(columns(None), num_heads=3)
+
+
+def test_pooled_models_check_their_columns():
+    with pytest.raises(ValueError, match="structure must be one of"):
+        rk.models.dcn_v2(columns("sum"), structure="serial")
+    with pytest.raises(ValueError, match="one dim"):
+        rk.models.deepfm(rk.layers.FeatureColumns([
+            F.Categorical("a", dim=4), F.Categorical("b", dim=8)]))
+    with pytest.raises(ValueError, match="unpooled sequence features"):
+        rk.models.dcn_v2(columns(None))
