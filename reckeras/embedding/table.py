@@ -80,10 +80,18 @@ class PhysicalTable:
 
     def find_or_insert(self, keys):
         """Rows of ``keys``, creating (and initializing) rows for new keys."""
-        self._reserve(keys.numel())
+        # Look up first and insert only the absent ids: sizing the index for
+        # them (not for the whole batch) keeps it small enough to stay in cache.
+        rows = self.find(keys)
+        absent = (rows < 0).nonzero().squeeze(1)
+        if absent.numel() == 0:
+            return rows
+        new_keys = keys.index_select(0, absent)
+        self._reserve(new_keys.numel())
         before = self.num_rows
-        rows, after = hash_table.find_or_insert(self.slot_keys, self.slot_rows, keys,
-                                                before)
+        new_rows, after = hash_table.find_or_insert(self.slot_keys, self.slot_rows,
+                                                    new_keys, before)
+        rows.index_copy_(0, absent, new_rows)
         if after > before:
             self._grow_rows(after)
             created = torch.zeros(after - before, dtype=torch.int64, device=self.device)
