@@ -26,7 +26,7 @@ def list():  # noqa: A001 - the public name is rk.datasets.list
 
     Example:
         >>> rk.datasets.list()
-        ['criteo_synth']
+        ['criteo_synth', 'taobao_synth']
     """
     return sorted([*_synth.SPECS, taobao.NAME])
 
