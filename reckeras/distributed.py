@@ -40,9 +40,6 @@ class World:
     def is_main(self):
         return self.rank == 0
 
-    @property
-    def num_nodes(self):
-        return self.size // self.ranks_per_node
 
 
 _world = None
@@ -63,6 +60,10 @@ def init(timeout_s=None, ranks_per_node=None, hierarchical=None, backend=None):
 
     Returns:
         The :class:`World`.
+
+    Example:
+        >>> world = rk.distributed.init(timeout_s=120, ranks_per_node=2)
+        >>> world.rank, world.size
     """
     global _world
     size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reckeras.backend_kernels.hashing import hash_strings
+from reckeras.features.plan import MISSING_ID
 from reckeras.features.specs import Categorical, Numeric, Sequence
 
-MISSING_ID = -1
 
 
 class FeatureInputError(ValueError):

@@ -5,7 +5,7 @@ import numbers
 import keras
 import torch
 
-from reckeras.layers.mlp import MLP
+from reckeras.layers.mlp import MLP, resolve_activation
 from reckeras.layers.transformer import packed_tokens
 
 
@@ -60,12 +60,7 @@ class TargetAttention(keras.layers.Layer):
                              f"{softmax!r}.")
         self.units = [int(u) for u in units]
         self.softmax = softmax
-        try:
-            self.activation = keras.activations.get(activation)
-        except ValueError:
-            raise ValueError(f"TargetAttention got an unknown activation="
-                             f"{activation!r}; pass a name from keras.activations "
-                             f"(e.g. 'sigmoid') or a callable.") from None
+        self.activation = resolve_activation("TargetAttention", "activation", activation)
         self._scorer = MLP(self.units + [1], activation=self.activation,
                            dtype=self.dtype_policy, name="scorer")
 

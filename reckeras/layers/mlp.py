@@ -10,12 +10,13 @@ _NORM_LAYERS = {
 }
 
 
-def _resolve_activation(argument, identifier):
+def resolve_activation(layer, argument, identifier):
+    """``keras.activations.get(identifier)``, with an error naming the layer."""
     try:
         return keras.activations.get(identifier)
     except ValueError:
         raise ValueError(
-            f"MLP got an unknown {argument}={identifier!r}; pass a name from "
+            f"{layer} got an unknown {argument}={identifier!r}; pass a name from "
             f"keras.activations (e.g. 'relu'), a callable or None.") from None
 
 
@@ -71,9 +72,9 @@ class MLP(keras.layers.Layer):
             raise ValueError(
                 f"MLP norm must be None, 'batch' or 'layer'; got {norm!r}.")
         self.units = [int(u) for u in units]
-        self.activation = _resolve_activation("activation", activation)
-        self.output_activation = _resolve_activation(
-            "output_activation", output_activation)
+        self.activation = resolve_activation("MLP", "activation", activation)
+        self.output_activation = resolve_activation("MLP", "output_activation",
+                                                    output_activation)
         self.dropout = float(dropout)
         self.norm = norm
         self.use_bias = use_bias

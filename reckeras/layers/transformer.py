@@ -6,6 +6,7 @@ import keras
 import torch
 
 from reckeras.backend_kernels.jagged_attention import jagged_attention
+from reckeras.layers.mlp import resolve_activation
 
 
 def _check_positive_int(name, value):
@@ -105,12 +106,7 @@ class TransformerBlock(keras.layers.Layer):
         self.causal = _check_bool("causal", causal)
         self.norm_first = _check_bool("norm_first", norm_first)
         self.learned_positions = _check_bool("learned_positions", learned_positions)
-        try:
-            self.activation = keras.activations.get(activation)
-        except ValueError:
-            raise ValueError(f"TransformerBlock got an unknown activation="
-                             f"{activation!r}; pass a name from keras.activations "
-                             f"(e.g. 'relu') or a callable.") from None
+        self.activation = resolve_activation("TransformerBlock", "activation", activation)
         if (isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real)
                 or not epsilon > 0):
             raise ValueError(f"TransformerBlock epsilon must be > 0; got {epsilon!r}.")

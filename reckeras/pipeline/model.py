@@ -145,6 +145,9 @@ class Model(keras.Model):
 
         Args:
             path: checkpoint directory on a filesystem all ranks share.
+
+        Example:
+            >>> model.save_checkpoint("ckpt/epoch3")
         """
         checkpoint.save_checkpoint(self, path)
 
@@ -153,6 +156,10 @@ class Model(keras.Model):
 
         Args:
             path: checkpoint directory.
+
+        Example:
+            >>> model.load_checkpoint("ckpt/epoch3")      # on any number of ranks
+            >>> model.fit(train, epochs=5, initial_epoch=3)
         """
         checkpoint.load_checkpoint(self, path)
 
