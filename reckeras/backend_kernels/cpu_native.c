@@ -31,13 +31,22 @@ void rk_table_keys(const int64_t *ids, const int64_t *salt, const int64_t *slot_
 }
 
 /* A key's home slot: the top log2(capacity) bits of key * GOLDEN
- * (Fibonacci hashing), as hash_table._home computes it. */
-static inline uint64_t home_slot(int64_t key, int64_t capacity) {
+ * (Fibonacci hashing), as hash_table._home computes it. ``shift`` is
+ * 64 - log2(capacity); a capacity of 1 has every key at slot 0. */
+static inline uint64_t home_slot(int64_t key, int shift) {
+    return shift >= 64 ? 0 : ((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> shift;
+}
+
+static inline int home_shift(int64_t capacity) {
     int bits = 0;
     while (((int64_t)1 << bits) < capacity) bits++;
-    if (bits == 0) return 0;
-    return ((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> (64 - bits);
+    return 64 - bits;
 }
+
+/* How many keys ahead the probe loop prefetches their home slots. A probe is
+ * a cache miss into a table much larger than the caches; prefetching keeps
+ * several misses in flight instead of waiting on each in turn. */
+#define PREFETCH_AHEAD 16
 
 /* Linear-probing find-or-insert. New keys get rows num_rows, num_rows+1, ...
  * in order of first appearance. Returns the new row count. With
@@ -46,9 +55,15 @@ int64_t rk_find_or_insert(int64_t *slot_keys, int64_t *slot_rows, int64_t capaci
                           const int64_t *keys, int64_t n, int64_t *rows,
                           int64_t num_rows, int insert) {
     uint64_t mask = (uint64_t)capacity - 1;
+    int shift = home_shift(capacity);
     for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) {
+            uint64_t ahead = home_slot(keys[i + PREFETCH_AHEAD], shift);
+            __builtin_prefetch(&slot_keys[ahead], 0, 1);
+            __builtin_prefetch(&slot_rows[ahead], 0, 1);
+        }
         int64_t key = keys[i] == EMPTY ? EMPTY + 1 : keys[i];
-        uint64_t slot = home_slot(key, capacity);
+        uint64_t slot = home_slot(key, shift);
         for (;;) {
             int64_t seen = slot_keys[slot];
             if (seen == key) { rows[i] = slot_rows[slot]; break; }
@@ -73,6 +88,9 @@ void rk_pool_forward(const float *weights, int64_t dim, const int64_t *unique_ro
                      const int64_t *unique_index, const int64_t *destination,
                      const float *id_weight, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n)
+            __builtin_prefetch(weights + unique_rows[unique_index[i + PREFETCH_AHEAD]] * dim,
+                               0, 1);
         const float *row = weights + unique_rows[unique_index[i]] * dim;
         float *target = out + destination[i] * dim;
         float w = id_weight[i];
@@ -97,6 +115,11 @@ void rk_apply_update(int kind, float *weights, float *state, int64_t state_width
                      int64_t dim, const int64_t *rows, const float *grads,
                      int64_t num_rows, float lr, float eps) {
     for (int64_t u = 0; u < num_rows; u++) {
+        if (u + PREFETCH_AHEAD < num_rows) {
+            __builtin_prefetch(weights + rows[u + PREFETCH_AHEAD] * dim, 1, 1);
+            if (kind != 0)
+                __builtin_prefetch(state + rows[u + PREFETCH_AHEAD] * state_width, 1, 1);
+        }
         float *w = weights + rows[u] * dim;
         const float *g = grads + u * dim;
         if (kind == 0) {
@@ -125,6 +148,7 @@ int64_t rk_unique_rows(const int64_t *rows, int64_t n, int64_t *position,
                        int64_t *unique, int64_t *unique_index) {
     int64_t count = 0;
     for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&position[rows[i + PREFETCH_AHEAD]], 1, 1);
         int64_t r = rows[i];
         if (position[r] < 0) { position[r] = count; unique[count++] = r; }
         unique_index[i] = position[r];
