@@ -2,12 +2,15 @@
 
 Importing reckeras selects Keras's torch backend when ``KERAS_BACKEND`` is
 unset, and raises :class:`reckeras.BackendError` when Keras already runs
-another backend.
+another backend. It also tunes glibc's allocator for training (see
+``reckeras._allocator``; ``RECKERAS_MALLOC_TUNING=0`` turns that off).
 """
 
+from reckeras._allocator import tune_malloc
 from reckeras._backend import BackendError, select_torch_backend
 
 select_torch_backend()
+tune_malloc()
 
 from reckeras import callbacks  # noqa: E402
 from reckeras import datasets  # noqa: E402

@@ -69,10 +69,12 @@ class PhysicalTable:
         if needed <= capacity:
             return
         new_capacity = max(needed, 2 * capacity)
-        weights = torch.zeros(new_capacity, self.dim, device=self.device)
+        # Rows past num_rows are written when they are created, so the new
+        # capacity needs no initial fill (filling ~all of it again each time
+        # the table doubles showed in the step time).
+        weights = torch.empty(new_capacity, self.dim, device=self.device)
         weights[:self.num_rows] = self.weights[:self.num_rows]
-        state = torch.full((new_capacity, self.state.shape[1]), self.state_init,
-                           device=self.device)
+        state = torch.empty((new_capacity, self.state.shape[1]), device=self.device)
         state[:self.num_rows] = self.state[:self.num_rows]
         keys = torch.empty(new_capacity, dtype=torch.int64, device=self.device)
         keys[:self.num_rows] = self.keys[:self.num_rows]
@@ -101,6 +103,7 @@ class PhysicalTable:
             self.keys[before:after] = created
             self.weights[before:after] = initial_rows(created, self.dim,
                                                       self.init_scale, self.seed)
+            self.state[before:after] = self.state_init
             self.num_rows = after
         return rows
 
