@@ -40,6 +40,23 @@ class Model(keras.Model):
         >>> model.fit(rk.datasets.load("criteo_synth"), batch_size=4096)
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Keras rebuilds the functional model's input spec (one InputSpec per
+        # input) on every call; with hundreds of feature inputs that showed in
+        # the step time. The graph is fixed, so the spec is built once.
+        self.input_spec = self.input_spec
+
+    def _maybe_warn_inputs_struct_mismatch(self, inputs, raise_exception=False):
+        # The common case, a dict with exactly the model's input names, is
+        # told apart in one set comparison instead of a pytree walk over every
+        # input; anything else gets Keras's own check and message.
+        if isinstance(inputs, dict) and isinstance(self._inputs_struct, dict) \
+                and inputs.keys() == self._inputs_struct.keys() \
+                and not any(isinstance(v, (dict, list, tuple)) for v in inputs.values()):
+            return
+        super()._maybe_warn_inputs_struct_mismatch(inputs, raise_exception)
+
     # ---- structure -------------------------------------------------------------
 
     def _layers_of(self, kind):
