@@ -21,10 +21,11 @@ line is ``wide_fused_speedup=<ratio>`` (wall clock).
 
 CPU runs use one torch thread by default: on a 2-core machine shared with
 other jobs, a second OpenMP thread waits for a core at every parallel op and
-times swing by 10x. They also tune glibc's malloc (``--no-malloc-tuning``
-turns it off), so that freed blocks up to 32 MiB stay mapped for the next
-step instead of being unmapped and faulted in again, as jemalloc/tcmalloc
-do; it applies to both paths.
+times swing by 10x. glibc's malloc is tuned by ``import reckeras`` (see
+``reckeras/_allocator.py``; ``RECKERAS_MALLOC_TUNING=0`` turns it off), so
+that freed blocks up to 32 MiB stay mapped for the next step instead of being
+unmapped and faulted in again, as jemalloc/tcmalloc do; it applies to both
+paths.
 
 ``--bandwidth`` (default on CUDA) adds the achieved bandwidth of the lookup,
 aggregation and update kernels against the device's peak (nominal, and a
@@ -34,15 +35,13 @@ Usage: ``python benchmarks/kernels.py [--shapes dlrm,wide] [--steps 15]``
 """
 
 import argparse
-import ctypes
-import ctypes.util
 import statistics
-import sys
 import time
 
-import reckeras  # noqa: F401  (selects the torch backend before keras loads)
 import torch
 
+import reckeras  # noqa: F401  (selects the torch backend before keras loads)
+from reckeras._allocator import tune_malloc
 from reckeras.backend_kernels import hash_table, pooling, sparse_optimizers
 from reckeras.backend_kernels.aggregation import aggregate_row_grads, unique_rows
 from reckeras.backend_kernels.hashing import mix64
@@ -264,14 +263,6 @@ def kernel_bandwidth(name, args, device):
               f"{100 * gbps / peak:5.1f}% of copy", flush=True)
 
 
-def keep_freed_memory():
-    """glibc: blocks up to 32 MiB from the heap, which is never trimmed."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)
-                and libc.mallopt(m_trim_threshold, 2**31 - 1))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=2048)
@@ -283,11 +274,10 @@ def main():
     parser.add_argument("--shapes", default="dlrm,wide")
     parser.add_argument("--bandwidth", action="store_true",
                         help="kernel bandwidth figures (always on CUDA)")
-    parser.add_argument("--no-malloc-tuning", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    tuned = sys.platform == "linux" and not args.no_malloc_tuning and keep_freed_memory()
+    tuned = tune_malloc()       # already applied by ``import reckeras``: its status
     print(f"torch {torch.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", {torch.get_num_threads()} CPU thread(s), glibc malloc "

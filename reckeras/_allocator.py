@@ -11,7 +11,8 @@ tcmalloc; reckeras gets the same effect from glibc itself with three
 
 * ``M_MMAP_THRESHOLD`` 32 MiB (glibc's maximum): smaller blocks come from
   the heap and are reused;
-* ``M_TRIM_THRESHOLD`` 4 GiB: freed heap memory stays with the process;
+* ``M_TRIM_THRESHOLD`` 2 GiB - 1 (mallopt takes an int): freed heap memory
+  stays with the process;
 * ``M_TOP_PAD`` 256 MiB: the heap grows in large steps.
 
 The process keeps its peak memory until it exits, which is what a training
@@ -30,7 +31,7 @@ _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 
-_SETTINGS = ((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_TRIM_THRESHOLD, 4 * 2**30),
+_SETTINGS = ((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_TRIM_THRESHOLD, 2**31 - 1),
              (_M_TOP_PAD, 256 * 2**20))
 
 

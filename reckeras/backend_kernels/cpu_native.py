@@ -2,8 +2,10 @@
 
 The torch references express each per-batch operation with whole-tensor ops,
 which on a CPU means one pass over memory per op (a hash alone is a dozen).
-These kernels do each operation in one serial pass, the way fbgemm's CPU
-kernels serve TorchRec. They are compiled on first use with the system C
+These kernels do each operation in one pass, the way fbgemm's CPU kernels
+serve TorchRec, split over torch's intra-op threads (``torch.get_num_threads``)
+where the iterations write disjoint memory; the result does not depend on the
+thread count. They are compiled on first use with the system C
 compiler (``cc -O3``, about a second) into a cache directory
 (``RECKERAS_CACHE_DIR`` or ``~/.cache/reckeras``). Without a compiler, or with
 ``RECKERAS_NATIVE=0``, ``available()`` is False and the library keeps using
@@ -23,21 +25,23 @@ from pathlib import Path
 import torch
 
 _SOURCE = Path(__file__).with_name("cpu_native.c")
-_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99"]
+_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu99", "-pthread"]
 _lock = threading.Lock()
 _library = None
 _failed = False
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
-_SIGNATURES = {
-    "rk_table_keys": (None, [_PTR, _PTR, _PTR, _I64, _PTR]),
-    "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_int]),
-    "rk_pool_forward": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR]),
-    "rk_aggregate": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR]),
+_INT = ctypes.c_int
+_SIGNATURES = {      # the last int of the parallel kernels is the thread count
+    "rk_table_keys": (None, [_PTR, _PTR, _PTR, _I64, _PTR, _INT]),
+    "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
+    "rk_pool_forward": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64,
+                               _INT]),
+    "rk_aggregate": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
     "rk_unique_rows": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR]),
-    "rk_apply_update": (None, [ctypes.c_int, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64,
-                               ctypes.c_float, ctypes.c_float]),
+    "rk_apply_update": (None, [_INT, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64,
+                               ctypes.c_float, ctypes.c_float, _INT]),
 }
 
 
@@ -102,10 +106,14 @@ def _p(tensor):
     return ctypes.c_void_p(tensor.data_ptr())
 
 
+def _threads():
+    return torch.get_num_threads()
+
+
 def table_keys(ids, salt, slot_counts):
     keys = torch.empty_like(ids)
     library().rk_table_keys(_p(ids), _p(salt), _p(slot_counts), slot_counts.numel(),
-                            _p(keys))
+                            _p(keys), _threads())
     return keys
 
 
@@ -113,7 +121,7 @@ def find_or_insert(slot_keys, slot_rows, keys, num_rows, insert=True):
     rows = torch.empty_like(keys)
     count = library().rk_find_or_insert(_p(slot_keys), _p(slot_rows), slot_keys.numel(),
                                         _p(keys), keys.numel(), _p(rows), num_rows,
-                                        int(insert))
+                                        int(insert), _threads())
     return rows, count
 
 
@@ -121,7 +129,7 @@ def pool_forward(weights, unique_rows, unique_index, destination, id_weight, num
     out = torch.zeros(num_slots, weights.shape[1], dtype=torch.float32)
     library().rk_pool_forward(_p(weights), weights.shape[1], _p(unique_rows),
                               _p(unique_index), _p(destination), _p(id_weight),
-                              destination.numel(), _p(out))
+                              destination.numel(), _p(out), num_slots, _threads())
     return out
 
 
@@ -129,7 +137,7 @@ def aggregate(grad_out, unique_index, destination, id_weight, num_unique):
     grads = torch.zeros(num_unique, grad_out.shape[1], dtype=torch.float32)
     library().rk_aggregate(_p(grad_out), grad_out.shape[1], _p(unique_index),
                            _p(destination), _p(id_weight), destination.numel(),
-                           _p(grads))
+                           _p(grads), num_unique, _threads())
     return grads
 
 
@@ -155,4 +163,4 @@ UPDATE_KINDS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
 def apply_update(kind, weights, state, rows, grads, lr, eps):
     library().rk_apply_update(UPDATE_KINDS[kind], _p(weights), _p(state),
                               state.shape[1], weights.shape[1], _p(rows), _p(grads),
-                              rows.numel(), lr, eps)
+                              rows.numel(), lr, eps, _threads())

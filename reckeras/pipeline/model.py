@@ -12,10 +12,10 @@ from tqdm.auto import tqdm
 
 from reckeras import distributed
 from reckeras import optimizers as sparse_optimizers
-from reckeras.metrics import GAUC
 from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.metrics import GAUC
 from reckeras.pipeline.batches import as_data, to_tensors
 from reckeras.pipeline.prefetch import Pipeline
 

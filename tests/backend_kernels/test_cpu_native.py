@@ -107,3 +107,55 @@ def test_apply_update(kind):
     torch.testing.assert_close(s, expected_s)
     untouched = [r for r in range(20) if r not in rows.tolist()]
     assert torch.equal(w[untouched], weights[untouched])
+
+
+@pytest.fixture
+def threads():
+    """Runs a test body with a given torch intra-op thread count."""
+    before = torch.get_num_threads()
+
+    def use(count):
+        torch.set_num_threads(count)
+
+    yield use
+    torch.set_num_threads(before)
+
+
+def test_results_do_not_depend_on_the_thread_count(threads):
+    # Large enough that every parallel kernel splits (>= 16384 items a
+    # thread); hot rows repeat so that per-row sums have many terms.
+    torch.manual_seed(0)
+    n, num_rows, dim, slots = 200_000, 50_000, 8, 150_000
+    ids = torch.randint(0, 10**12, (n,))
+    counts = torch.tensor([n // 4] * 4)
+    salt = torch.randint(-(2**62), 2**62, (4,))
+    rows = torch.randint(0, 1000, (n,)) ** 2 % num_rows
+    unique, unique_index = cpu_native.unique_rows(rows, num_rows)
+    weights = torch.randn(num_rows, dim)
+    destination = torch.randint(0, slots, (n,))
+    id_weight = torch.rand(n)
+    grad_out = torch.randn(slots, dim)
+    initial_state = torch.rand(num_rows, dim)
+    slot_keys, slot_rows = hash_table.new_slots(hash_table.capacity_for(n))
+    keys = cpu_native.table_keys(ids, salt, counts)
+    cpu_native.find_or_insert(slot_keys, slot_rows, keys[: n // 2], 0)
+
+    results = {}
+    for count in (1, 2, 3):
+        threads(count)
+        table, state = weights.clone(), initial_state.clone()
+        grads = cpu_native.aggregate(grad_out, unique_index, destination, id_weight,
+                                     unique.numel())
+        cpu_native.apply_update("adagrad", table, state, unique, grads, 0.1, 1e-8)
+        results[count] = (
+            cpu_native.table_keys(ids, salt, counts),
+            cpu_native.find_or_insert(slot_keys, slot_rows, keys, n, insert=False)[0],
+            cpu_native.pool_forward(weights, unique, unique_index, destination,
+                                    id_weight, slots),
+            grads, table, state)
+    for count in (2, 3):
+        for one, many in zip(results[1], results[count]):
+            assert torch.equal(one, many)
+    # And the found rows are right: the first half was inserted, the rest is absent.
+    found = results[1][1]
+    assert bool((found[: n // 2] >= 0).all())
