@@ -16,12 +16,16 @@ and the sparse optimizer then run on the cache's tensors, so the step reads
 and writes exactly the values an all-device table would hold: a row's newest
 value is in the cache while it is cached and in the host tier otherwise.
 
+Every lookup pins the slots it resolved (``pins``) until its backward has
+applied the update (or, without one, until its forward has read them): no
+other lookup of the step, and no prefetch, may evict them meanwhile.
+
 ``prefetch`` brings the rows of a later batch in ahead of time, from the
 pipeline's thread while the current step runs. It never creates a row (it
-only finds keys), never evicts a slot the running step uses (``in_use``), and
-never evicts rows an earlier prefetch brought in for a batch not yet stepped
-(``fresh``), so it changes where values live, never what they are. One lock
-guards the cache's maps and the host table's index between the two threads.
+only finds keys), never evicts a pinned slot, and never evicts rows an
+earlier prefetch brought in for a batch not yet stepped (``fresh``), so it
+changes where values live, never what they are. One lock guards the cache's
+maps and the host table's index between the threads.
 """
 
 import threading
@@ -37,6 +41,19 @@ FRESH_STEPS = 4          # steps a prefetched row is kept for the batch it came 
 
 class CacheBudgetError(ValueError):
     """The device cache cannot hold one batch's distinct rows."""
+
+
+class Pin:
+    """The slots one lookup uses; ``release`` (idempotent) frees them."""
+
+    def __init__(self, cache, slots):
+        self.cache, self.slots = cache, slots
+        self.released = False
+
+    def release(self):
+        if not self.released:
+            self.released = True
+            self.cache.release(self.slots)
 
 
 class RowCache:
@@ -101,7 +118,7 @@ class RowCache:
             self.state = torch.zeros(capacity, state_width, device=self.device)
             self.slot_row = torch.full((capacity,), -1, dtype=torch.int64)
             self.dirty = torch.zeros(capacity, dtype=torch.bool)
-            self.in_use = torch.zeros(capacity, dtype=torch.bool)
+            self.pins = torch.zeros(capacity, dtype=torch.int32)
             self.fresh_until = torch.full((capacity,), -1, dtype=torch.int64)
             self.last_used = torch.zeros(capacity, dtype=torch.int64)
             self.row_slot = torch.full((0,), -1, dtype=torch.int64)
@@ -125,16 +142,21 @@ class RowCache:
     # ---- the step ---------------------------------------------------------------------
 
     def resolve(self, keys, host_rows, training):
-        """Cache slots of ``keys`` for one step; -1 where a key has no row.
+        """Cache slots of ``keys`` for one lookup, pinned until released.
 
         Args:
             keys: int64 keys of this table (duplicates allowed).
             host_rows: ``keys -> host rows`` (may create rows while training).
             training: the step will update its rows (they become dirty).
 
+        Returns:
+            ``(slots, pin)``: the slot of every key (-1 where it has no row),
+            and the ``Pin`` to release once the rows are read and updated.
+
         Raises:
-            CacheBudgetError: the batch's distinct rows exceed the budget;
-                raised before any row is created or moved.
+            CacheBudgetError: the batch's distinct rows exceed the budget
+                (raised before any row is created or moved), or other
+                lookups of the step pin too many slots to make room.
         """
         keys = keys.to(self.host.device)
         waited = time.perf_counter()
@@ -144,16 +166,26 @@ class RowCache:
             rows = host_rows(keys)
             self._fit_host()
             self.tick += 1
-            self.in_use.zero_()          # the previous step has finished its backward
             loading = time.perf_counter()
             slots = self._ensure(rows, for_step=True)
             self.stall_s += (started - waited) + (time.perf_counter() - loading)
+            pinned = unique_rows(slots[slots >= 0], self.capacity)[0]
+            self.pins[pinned] += 1
             if training:
-                used = slots[slots >= 0]
-                self.dirty[used] = True
+                self.dirty[pinned] = True
             if self.policy == "lfu" and self.tick % AGE_EVERY == 0:
                 self.frequency.mul_(0.5)
-        return slots.to(self.device)
+        return slots.to(self.device), Pin(self, pinned)
+
+    def release(self, slots):
+        """Unpins ``slots`` (distinct) of one lookup."""
+        with self.lock:
+            self.pins[slots] = (self.pins[slots] - 1).clamp(min=0)
+
+    def release_all(self):
+        """Unpins every slot (lookups whose step failed before its backward)."""
+        with self.lock:
+            self.pins.zero_()
 
     def _check_fits(self, keys, training):
         if keys.numel() <= self.capacity:
@@ -181,7 +213,7 @@ class RowCache:
         wanted = rows.index_select(0, present)
         found = self.row_slot.index_select(0, wanted)
         hit = found >= 0
-        protected = self.in_use.clone() if not for_step else self.in_use
+        protected = self.pins > 0
         protected[found[hit]] = True
         missing = torch.unique(wanted[~hit])
         fresh = self.fresh_until >= self.tick        # rows prefetched for a coming batch
@@ -193,6 +225,11 @@ class RowCache:
         if missing.numel():
             victims = self._victims(missing.numel(), protected,
                                     fresh if for_step else None)
+            if for_step and victims.numel() < missing.numel():
+                raise CacheBudgetError(
+                    f"table(s) {self.names}: a lookup needs {missing.numel()} more rows "
+                    f"but only {victims.numel()} of the {self.capacity} cache slots are "
+                    f"not in use by other lookups of this step; raise cache_rows")
             missing = missing[:victims.numel()]
             self._evict(victims)
             self._load(victims, missing, for_step)
@@ -200,7 +237,6 @@ class RowCache:
         slots[present] = found
         if for_step:                     # prefetches pin nothing: a step may evict
             used = found[found >= 0]
-            self.in_use[used] = True
             self.fresh_until[used] = -1
             self.last_used[used] = self.tick
             if self.policy == "lfu":
@@ -307,7 +343,7 @@ class RowCache:
             self.row_slot = torch.full((0,), -1, dtype=torch.int64)
             self.frequency = torch.zeros(0)
             self.dirty.zero_()
-            self.in_use.zero_()
+            self.pins.zero_()
             self.fresh_until.fill_(-1)
 
     def stats(self):

@@ -106,8 +106,10 @@ class EmbeddingEngine:
                                "model with embedding_optimizer=... before training")
         return self.optimizer
 
-    def _apply_row_grads(self, table, rows, grads):
+    def _apply_row_grads(self, table, rows, grads, pin=None):
         self._checked_optimizer().apply(table.weights, table.state, rows, grads)
+        if pin is not None:
+            pin.release()
 
     def lookup(self, ids, offsets, training):
         """Embeddings of a packed batch, per physical table (dim).
@@ -159,16 +161,25 @@ class EmbeddingEngine:
                 group_keys, group_tags, group_weight, group_destination = \
                     keys, tags, weight, destination
             if self.connect() is None:
-                storage, rows = self._rows(group, group_keys, group_tags, training)
-                values, unique, unique_index, apply = self._local_rows(storage, rows)
+                storage, rows, pin = self._rows(group, group_keys, group_tags, training)
+                values, unique, unique_index, apply = self._local_rows(storage, rows, pin)
             else:
-                values, unique, unique_index, apply = \
+                values, unique, unique_index, apply, pin = \
                     self._remote_rows(group, group_keys, group_tags, training)
             flat = PooledLookup.apply(
                 self.anchor, values, unique, unique_index, group_destination,
                 group_weight, layout.rows(batch), apply)
+            if pin is not None and not (training and flat.requires_grad):
+                pin.release()           # no backward will update the cached rows
             outputs.append(layout.split(flat, batch))
         return outputs
+
+    def release_pins(self):
+        """Unpins every cached row: lookups whose step failed before its
+        backward would otherwise keep their rows from being evicted."""
+        for cache in self.caches:
+            if cache is not None:
+                cache.release_all()
 
     def _slots_of(self, ids, offsets):
         """``(batch, ids per slot, per_id)`` of a packed batch.
@@ -188,10 +199,11 @@ class EmbeddingEngine:
         return batch, slot_ids, per_id
 
     def _rows(self, group, keys, tags, training):
-        """``(storage, rows)``: where the keys' rows live and their indices.
+        """``(storage, rows, pin)``: where the keys' rows live and their indices.
 
         ``storage`` is the physical table, or its device cache for a
-        ``host_cached`` table (rows are then cache slots); -1: no row.
+        ``host_cached`` table (rows are then cache slots, kept in place until
+        ``pin`` is released; None for a table on the device); -1: no row.
         """
         table, cache = self.tables[group], self.caches[group]
         lifecycle = self.lifecycles[group] if training else None
@@ -201,8 +213,8 @@ class EmbeddingEngine:
                 else table.rows_of(host_keys, insert=training)
 
         if cache is None:
-            return table, host_rows(keys)
-        return cache, cache.resolve(keys, host_rows, training)
+            return table, host_rows(keys), None
+        return (cache, *cache.resolve(keys, host_rows, training))
 
     def prefetch(self, ids, offsets):
         """Loads the rows a coming batch will read into the device caches.
@@ -231,7 +243,7 @@ class EmbeddingEngine:
                 chosen = chosen[owner_of(chosen, world.size) == world.rank]
             cache.prefetch(chosen)
 
-    def _local_rows(self, table, rows):
+    def _local_rows(self, table, rows, pin):
         """``(values, unique, unique_index, apply)`` for the pooled lookup.
 
         Ids without a row (unseen at inference, not admitted yet) read an
@@ -241,7 +253,7 @@ class EmbeddingEngine:
         if not bool(missing.any()):
             unique, unique_index = unique_rows(rows, table.num_rows)
             self.requests += unique.numel()
-            return table.weights, unique, unique_index, _RowUpdate(self, table)
+            return table.weights, unique, unique_index, _RowUpdate(self, table, pin)
         present = (~missing).nonzero().squeeze(1)
         unique, position = unique_rows(rows[present], table.num_rows)
         self.requests += unique.numel()
@@ -249,33 +261,34 @@ class EmbeddingEngine:
         unique_index[present] = position
         values = torch.cat([table.weights[unique],
                             table.weights.new_zeros(1, table.dim)])
-        apply = functools.partial(self._apply_row_grads_dropping_last, table, unique)
+        apply = functools.partial(self._apply_row_grads_dropping_last, table, unique, pin)
         return values, torch.arange(values.shape[0]), unique_index, apply
 
-    def _apply_row_grads_dropping_last(self, table, rows, _, grads):
-        self._apply_row_grads(table, rows, grads[:-1])
+    def _apply_row_grads_dropping_last(self, table, rows, pin, _, grads):
+        self._apply_row_grads(table, rows, grads[:-1], pin)
 
     def _remote_rows(self, group, keys, tags, training):
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
         unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \
             if training and self.lifecycles[group] else None
         route = self._router.route(unique_keys, unique_tags)
-        table, owner_rows = self._rows(group, route.owner_keys, route.owner_tags, training)
+        table, owner_rows, pin = self._rows(group, route.owner_keys, route.owner_tags,
+                                            training)
         self.requests += owner_rows.numel()
         # Ids without a row (unseen at inference, not admitted) read zeros.
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
                                    table.weights[owner_rows.clamp(min=0)], 0.0)
         values = route.rows_to_requesters(owner_values)
-        apply = functools.partial(self._apply_remote_grads, table, route, owner_rows)
-        return values, torch.arange(values.shape[0]), unique_index, apply
+        apply = functools.partial(self._apply_remote_grads, table, route, owner_rows, pin)
+        return values, torch.arange(values.shape[0]), unique_index, apply, pin
 
-    def _apply_remote_grads(self, table, route, owner_rows, _, grads):
+    def _apply_remote_grads(self, table, route, owner_rows, pin, _, grads):
         owner_grads = route.grads_to_owners(grads) / self.world.size
         present = (owner_rows >= 0).nonzero().squeeze(1)
         unique, position = unique_rows(owner_rows[present], table.num_rows)
         summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
         summed.index_add_(0, position, owner_grads[present])
-        self._apply_row_grads(table, unique, summed)
+        self._apply_row_grads(table, unique, summed, pin)
 
     def _pooling_weight(self, offsets, bag, per_id, num_ids):
         if not self.packing.has_sequences:
@@ -307,13 +320,15 @@ class _RowUpdate:
     the rows in one pass.
     """
 
-    def __init__(self, engine, table):
-        self.engine, self.table = engine, table
+    def __init__(self, engine, table, pin):
+        self.engine, self.table, self.pin = engine, table, pin
 
     def __call__(self, rows, grads):
-        self.engine._apply_row_grads(self.table, rows, grads)
+        self.engine._apply_row_grads(self.table, rows, grads, self.pin)
 
     def apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
         self.engine._checked_optimizer().apply_pooled(
             self.table.weights, self.table.state, rows, grad_out, unique_index,
             destination, id_weight)
+        if self.pin is not None:
+            self.pin.release()

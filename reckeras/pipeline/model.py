@@ -169,6 +169,8 @@ class Model(keras.Model):
         # Keras's torch train_step skips backward when there is no trainable
         # Keras weight; here backward also trains the tables, so it always runs.
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        for layer in self.embedding_layers:
+            layer.engine.release_pins()       # left by a step that failed mid-way
         y_pred = self(x, training=True)
         self.zero_grad()
         loss = self._compute_loss(x=x, y=y, y_pred=y_pred,

@@ -174,3 +174,35 @@ def test_host_allocation_failure_names_the_table(monkeypatch):
            "c": torch.arange(100, 140), "h": torch.zeros(40, 4, dtype=torch.int64)}
     with pytest.raises(MemoryError, match=r"\['c'\] \(dim 2\): 40 rows .* need 320 bytes.* 100 bytes"):
         step(plan, engine, raw)
+
+
+def test_two_lookups_before_one_backward_keep_each_others_rows():
+    """A layer called twice in a step (shared towers): the second lookup may
+    not evict the rows the first one's backward will update."""
+    results = []
+    for options in ({}, {name: cached(2 * o.cache_rows) for name, o in ALL_CACHED.items()}):
+        plan, engine = make(options)
+        raws = list(batches(24, seed=4))
+        for first, second in zip(raws[::2], raws[1::2]):
+            flats = [torch.cat([out.reshape(-1) for out, _ in engine.lookup(
+                packed["ids"], packed["offsets"], training=True)])
+                for packed in (plan.packed_sparse(first), plan.packed_sparse(second))]
+            flat = torch.cat(flats)
+            (flat * torch.linspace(-1, 1, flat.numel())).sum().backward()
+        results.append(engine)
+        if options:
+            assert all(int(c.pins.sum()) == 0 for c in engine.caches)
+            assert engine.caches[1].counters["rows_out"] > 0
+    assert_same_tables(*reversed(results))
+
+
+def test_pins_of_a_lookup_without_backward_are_released():
+    plan, engine = make(ALL_CACHED)
+    raw = next(batches(1))
+    packed = plan.packed_sparse(raw)
+    engine.lookup(packed["ids"], packed["offsets"], training=True)   # no backward
+    assert all(int(c.pins.sum()) > 0 for c in engine.caches)
+    engine.release_pins()
+    assert all(int(c.pins.sum()) == 0 for c in engine.caches)
+    step(plan, engine, raw, training=False)      # inference unpins after its forward
+    assert all(int(c.pins.sum()) == 0 for c in engine.caches)
