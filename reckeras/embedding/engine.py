@@ -133,7 +133,7 @@ class EmbeddingEngine:
         else:
             bag = None
             example = torch.arange(batch, device=ids.device).repeat(plan.num_slots)
-        keys = table_keys(ids, plan.slot_salt, slot_ids)
+        keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         tags = per_id(plan.slot_tag)
         if training:
             self.step += 1
@@ -193,8 +193,9 @@ class EmbeddingEngine:
         slot_ids = offsets[::batch].diff() if batch else \
             torch.zeros(plan.num_slots, dtype=torch.int64, device=ids.device)
 
-        def per_id(values):
-            return values.repeat_interleave(slot_ids, output_size=ids.numel())
+        def per_id(values):             # the plan's tensors live on the CPU
+            return values.to(ids.device).repeat_interleave(slot_ids,
+                                                           output_size=ids.numel())
 
         return batch, slot_ids, per_id
 
@@ -232,7 +233,7 @@ class EmbeddingEngine:
             return
         plan = self.packing
         _, slot_ids, per_id = self._slots_of(ids, offsets)
-        keys = table_keys(ids, plan.slot_salt, slot_ids)
+        keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         group_of = per_id(plan.slot_group)
         world = self.world or distributed.world()
         for group, cache in enumerate(self.caches):
@@ -262,7 +263,8 @@ class EmbeddingEngine:
         values = torch.cat([table.weights[unique],
                             table.weights.new_zeros(1, table.dim)])
         apply = functools.partial(self._apply_row_grads_dropping_last, table, unique, pin)
-        return values, torch.arange(values.shape[0]), unique_index, apply
+        return values, torch.arange(values.shape[0], device=values.device), unique_index, \
+            apply
 
     def _apply_row_grads_dropping_last(self, table, rows, pin, _, grads):
         self._apply_row_grads(table, rows, grads[:-1], pin)
