@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reckeras as rk
 from reckeras.embedding.cache import CacheBudgetError
@@ -206,3 +208,25 @@ def test_pins_of_a_lookup_without_backward_are_released():
     assert all(int(c.pins.sum()) == 0 for c in engine.caches)
     step(plan, engine, raw, training=False)      # inference unpins after its forward
     assert all(int(c.pins.sum()) == 0 for c in engine.caches)
+
+
+@settings(max_examples=12, deadline=None)
+@given(policy=st.sampled_from(["lfu", "lru"]), extra=st.integers(0, 30),
+       seed=st.integers(0, 1000), plan_seed=st.integers(0, 1000))
+def test_any_interleaving_of_prefetches_and_inference_stays_exact(policy, extra, seed,
+                                                                  plan_seed):
+    """Prefetches of batches 1-3 ahead (as deep pipelines run them) and
+    inference lookups between steps never change what training computes."""
+    reference, expected = train({}, seed=seed)
+    plan, engine = make({name: cached(o.cache_rows + extra, policy)
+                         for name, o in ALL_CACHED.items()})
+    raws = list(batches(15, seed=seed))
+    rng = np.random.default_rng(plan_seed)
+    for i, raw in enumerate(raws[:12]):
+        for ahead in rng.integers(1, 4, size=rng.integers(0, 3)):
+            packed = plan.packed_sparse(raws[i + ahead])
+            engine.prefetch(packed["ids"], packed["offsets"])
+        if rng.random() < 0.3:
+            step(plan, engine, raws[i + 1], training=False)
+        torch.testing.assert_close(step(plan, engine, raw), expected[i], rtol=0, atol=0)
+    assert_same_tables(engine, reference)
