@@ -261,14 +261,14 @@ class RowCache:
         """Up to ``count`` unprotected slots to reuse: free slots first, then
         by policy, slots in ``evict_last`` (if given) only when needed."""
         if self.policy == "lfu":
-            score = self.frequency.index_select(0, self.slot_row.clamp(min=0)).double()
+            score = self.frequency.index_select(0, self.slot_row.clamp(min=0))
         else:
-            score = self.last_used.double()
-        score = torch.where(self.slot_row < 0, -1.0, score)
+            score = self.last_used.float()
+        score.masked_fill_(self.slot_row < 0, -1.0)
         if evict_last is not None:
-            score = torch.where(evict_last, score + 1e30, score)
-        score = torch.where(protected, float("inf"), score)
-        available = int((~protected).sum())
+            score.masked_fill_(evict_last, 1e30)
+        score.masked_fill_(protected, float("inf"))
+        available = self.capacity - int(protected.sum())
         return torch.topk(score, min(count, available), largest=False).indices
 
     def _evict(self, victims):
