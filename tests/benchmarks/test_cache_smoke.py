@@ -24,3 +24,10 @@ def test_zipf_batches_are_skewed_and_in_range():
     assert ids.shape == (4096, 3) and int(ids.min()) >= 0 and int(ids.max()) < 1000
     _, counts = ids[:, 0].unique(return_counts=True)
     assert int(counts.max()) > 4096 * 0.05          # a hot id
+
+
+def test_five_percent_cache_serves_80_percent_of_zipf_1_2_lookups():
+    # 100k rows, 5,000 cached; batches of 2,048 ids after 100 warm-up steps.
+    args = argparse.Namespace(vocab=50_000, fields=2, batch=1024, warmup=100, steps=50)
+    figures = cache.measure(args, 1.2, 0.05)
+    assert figures["cache_rows"] == 5000 and figures["hit_rate"] >= 0.8
