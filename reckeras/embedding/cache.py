@@ -154,15 +154,13 @@ class RowCache:
             and the ``Pin`` to release once the rows are read and updated.
 
         Raises:
-            CacheBudgetError: the batch's distinct rows exceed the budget
-                (raised before any row is created or moved), or other
-                lookups of the step pin too many slots to make room.
+            CacheBudgetError: other lookups of the step pin too many slots
+                to make room (``check_fits`` is the caller's, beforehand).
         """
         keys = keys.to(self.host.device)
         waited = time.perf_counter()
         with self.lock:
             started = time.perf_counter()
-            self._check_fits(keys, training)
             rows = host_rows(keys)
             self._fit_host()
             self.tick += 1
@@ -187,9 +185,14 @@ class RowCache:
         with self.lock:
             self.pins.zero_()
 
-    def _check_fits(self, keys, training):
+    def check_fits(self, keys, training):
+        """Raises ``CacheBudgetError`` if one lookup of ``keys`` needs more
+        distinct rows than the cache holds. Call it before the lookup changes
+        anything (it only reads; only the step's thread changes the host index).
+        """
         if keys.numel() <= self.capacity:
             return
+        keys = keys.to(self.host.device)
         rows = self.host.find(keys)
         present = rows >= 0
         needed = unique_rows(rows[present], max(self.host.num_rows, 1))[0].numel()
@@ -205,7 +208,7 @@ class RowCache:
     def _ensure(self, rows, for_step):
         """Slots of ``rows`` (-1 stays -1), loading the rows not cached.
 
-        A step gets every row (``_check_fits`` made room certain); a prefetch
+        A step gets every row (``check_fits`` made room certain); a prefetch
         loads what fits without evicting protected slots.
         """
         slots = torch.full_like(rows, -1)

@@ -135,6 +135,13 @@ class EmbeddingEngine:
             example = torch.arange(batch, device=ids.device).repeat(plan.num_slots)
         keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         tags = per_id(plan.slot_tag)
+        if any(self.caches) and self.connect() is None:
+            # Before any row is created or moved: a batch too large for a cache
+            # fails whole. (With several ranks the owners check what they receive.)
+            for group, cache in enumerate(self.caches):
+                if cache is not None:
+                    cache.check_fits(keys if len(self.tables) == 1 else
+                                     keys[per_id(plan.slot_group) == group], training)
         if training:
             self.step += 1
             for lifecycle, cache in zip(self.lifecycles, self.caches):
@@ -274,6 +281,8 @@ class EmbeddingEngine:
         unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \
             if training and self.lifecycles[group] else None
         route = self._router.route(unique_keys, unique_tags)
+        if self.caches[group] is not None:
+            self.caches[group].check_fits(route.owner_keys, training)
         table, owner_rows, pin = self._rows(group, route.owner_keys, route.owner_tags,
                                             training)
         self.requests += owner_rows.numel()

@@ -121,6 +121,17 @@ def test_budget_smaller_than_a_batch_is_a_clear_error_that_changes_nothing():
             np.testing.assert_array_equal(array, old[name])
 
 
+def test_budget_error_of_one_table_creates_no_row_in_another():
+    plan, engine = make({"a": cached(4), "b": cached(4), "h": cached(4)})
+    raw = {"a": torch.arange(10, 20), "b": torch.arange(10) % 2,
+           "c": torch.arange(50, 60), "h": torch.zeros(10, 4, dtype=torch.int64)}
+    with pytest.raises(CacheBudgetError, match=r"\['a', 'b', 'h'\].*needs 13 distinct rows"
+                                               r".*holds 12 rows"):
+        step(plan, engine, raw)
+    assert engine.tables[0].num_rows == engine.tables[1].num_rows == 0
+    assert engine.step == 0
+
+
 def test_lifecycle_with_cache_equals_lifecycle_alone():
     lifecycle = {"a": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=2,
                                                 evict_every=3)}
