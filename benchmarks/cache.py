@@ -23,7 +23,8 @@ use (``--device-limit-gib``), with 5% of it cached on the device.
 The last line is ``hit_rate_5pct_zipf1.2=<fraction>``.
 
     python benchmarks/cache.py [--vocab 250000] [--fields 4] [--batch 2048]
-                               [--warmup 200] [--steps 100] [--threads 1]
+                               [--warmup 200] [--steps 100] [--policy lfu]
+                               [--threads 1]
 """
 
 import argparse
@@ -51,14 +52,14 @@ def zipf_batches(count, batch, fields, vocab, exponent, seed=0):
     return out
 
 
-def build(fields, cache_rows, device=None):
+def build(fields, cache_rows, device=None, policy="lfu"):
     import reckeras as rk
     from reckeras.embedding.engine import EmbeddingEngine
     from reckeras.embedding.packing import PackingPlan
     from reckeras.features.plan import TransformPlan
     specs = [rk.features.Categorical(f"C{i}", dim=DIM) for i in range(fields)]
     options = {} if cache_rows is None else {
-        s.name: rk.embedding.TableOptions(storage="host_cached",
+        s.name: rk.embedding.TableOptions(storage="host_cached", cache_policy=policy,
                                           cache_rows=cache_rows // fields)
         for s in specs}
     plan = TransformPlan(specs)
@@ -95,7 +96,7 @@ def measure(args, exponent, fraction):
     """Figures of one table setting (``fraction`` None: all rows on the device)."""
     total = args.vocab * args.fields
     cache_rows = None if fraction is None else int(total * fraction)
-    plan, engine = build(args.fields, cache_rows)
+    plan, engine = build(args.fields, cache_rows, policy=getattr(args, "policy", "lfu"))
     batches = zipf_batches(args.warmup + args.steps, args.batch, args.fields,
                            args.vocab, exponent)
     train(plan, engine, batches[:args.warmup])
@@ -150,6 +151,7 @@ def main():
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--policy", choices=("lfu", "lru"), default="lfu")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads of each Python thread")
     parser.add_argument("--device-limit-gib", type=float, default=2.0,
@@ -159,8 +161,9 @@ def main():
     # workers the step keeps spinning (and back): ~40x slower steps on 2 cores.
     torch.set_num_threads(args.threads)
     print(f"host_cached table: {args.fields} fields x {args.vocab:,} Zipf ids, dim {DIM}, "
-          f"RowWiseAdagrad, batch {args.batch}, {args.warmup} warm-up + "
-          f"{args.steps} measured steps, prefetch one batch ahead (thread)")
+          f"{args.policy.upper()} cache, RowWiseAdagrad, batch {args.batch}, "
+          f"{args.warmup} warm-up + {args.steps} measured steps, prefetch one batch "
+          f"ahead (thread)")
     hit_rates = {}
     for exponent in EXPONENTS:
         for fraction in (None, *FRACTIONS):
