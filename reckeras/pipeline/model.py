@@ -117,7 +117,9 @@ class Model(keras.Model):
             ``{layer name: {"per_rank": [stats of rank 0, ...],
             "rows_imbalance": max/mean, "requests_imbalance": max/mean}}``
             where each rank's stats hold ``requests`` and, per physical table,
-            ``dim``, ``rows`` and ``bytes``.
+            ``dim``, ``rows`` and ``bytes`` (plus ``cache``, the device
+            cache's hit rates and traffic, for ``host_cached`` tables; see
+            ``docs/caching.md``).
         """
         from reckeras.embedding.sharding import imbalance
         world = distributed.world()
