@@ -1,6 +1,7 @@
 """The embedding engine: dynamic hash tables, packing, sharding, communication,
 sparse optimizers' state, row lifecycle and checkpoints."""
 
+from reckeras.embedding.cache import CacheBudgetError
 from reckeras.embedding.lifecycle import TableOptions
 
-__all__ = ["TableOptions"]
+__all__ = ["CacheBudgetError", "TableOptions"]

@@ -13,8 +13,15 @@ batch's unique keys are routed to their owners (``comm``), the owners resolve
 and send back the rows, and in backward the gradients travel the same route
 to the owners, which sum them over all ranks, divide by the world size (each
 rank's loss is a mean over its own examples) and run the optimizer.
+
+A ``host_cached`` table keeps its rows in host memory; after step (3) its
+host rows are mapped to slots of its device cache (``cache.RowCache``), and
+the lookup and the optimizer run on the cache's tensors (on the owner side
+in distributed mode: each rank caches the rows it owns). ``prefetch`` loads a
+later batch's rows into the caches ahead of its step.
 """
 
+import contextlib
 import functools
 
 import torch
@@ -23,8 +30,10 @@ from reckeras import distributed, ragged
 from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.backend_kernels.hashing import table_keys
 from reckeras.backend_kernels.pooling import PooledLookup
+from reckeras.embedding.cache import RowCache
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter
 from reckeras.embedding.lifecycle import RowLifecycle
+from reckeras.embedding.sharding import owner_of
 from reckeras.embedding.table import PhysicalTable
 
 MEAN, SQRTN = 1, 2
@@ -38,14 +47,25 @@ class EmbeddingEngine:
         init_scale: new rows are uniform in ``[-init_scale, init_scale]``;
             None means ``1 / sqrt(dim)`` of each table.
         seed: seed of the rows' initial values.
+        cache_device: device of the ``host_cached`` tables' caches (default:
+            CUDA when available, else CPU).
     """
 
-    def __init__(self, packing, init_scale=None, seed=0):
+    def __init__(self, packing, init_scale=None, seed=0, cache_device=None):
         self.packing = packing
-        self.tables = [PhysicalTable(dim, init_scale or dim ** -0.5, seed)
-                       for dim in packing.dims]
+        cache_device = cache_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tables, self.caches = [], []
+        for group, dim in enumerate(packing.dims):
+            cached = packing.host_cached(group)
+            names = packing.group_tables[group]
+            table = PhysicalTable(dim, init_scale or dim ** -0.5, seed,
+                                  name=f"{names} (dim {dim})",
+                                  pin_memory=cached and torch.cuda.is_available())
+            self.tables.append(table)
+            self.caches.append(RowCache(table, names, packing.group_options[group],
+                                        cache_device) if cached else None)
         self.lifecycles = [
-            None if all(o.is_default for o in options) else RowLifecycle(table, options)
+            RowLifecycle(table, options) if any(o.uses_lifecycle for o in options) else None
             for table, options in zip(self.tables, packing.group_options)]
         self.step = 0          # training lookups so far (the lifecycle's clock)
         self.optimizer = None
@@ -73,8 +93,12 @@ class EmbeddingEngine:
     def set_optimizer(self, optimizer):
         self.optimizer = optimizer
         initial = getattr(optimizer, "initial_accumulator_value", 0.0)
-        for table in self.tables:
-            table.configure_state(optimizer.state_width(table.dim), initial)
+        for table, cache in zip(self.tables, self.caches):
+            table.sync()                # the cache's rows reach the host before it resets
+            width = optimizer.state_width(table.dim)
+            table.configure_state(width, initial)
+            if cache is not None:
+                cache.configure(width)
 
     def _checked_optimizer(self):
         if self.optimizer is None:
@@ -82,8 +106,10 @@ class EmbeddingEngine:
                                "model with embedding_optimizer=... before training")
         return self.optimizer
 
-    def _apply_row_grads(self, table, rows, grads):
+    def _apply_row_grads(self, table, rows, grads, pin=None):
         self._checked_optimizer().apply(table.weights, table.state, rows, grads)
+        if pin is not None:
+            pin.release()
 
     def lookup(self, ids, offsets, training):
         """Embeddings of a packed batch, per physical table (dim).
@@ -99,30 +125,30 @@ class EmbeddingEngine:
             sequence feature to ``[B, L, D]`` (see ``packing.GroupLayout``).
         """
         plan = self.packing
-        batch = ragged.batch_size(offsets, plan.num_slots)
+        batch, slot_ids, per_id = self._slots_of(ids, offsets)
         num_ids = ids.numel()
-        # Ids are slot-major: slot s holds ids offsets[s * B]:offsets[(s + 1) * B].
-        # Per-slot values are expanded once per slot, never gathered per id
-        # (on CPU, ``t[slot]`` over 614k ids costs ~2 ms, the expansion 0.1 ms).
-        slot_ids = offsets[::batch].diff() if batch else \
-            torch.zeros(plan.num_slots, dtype=torch.int64, device=ids.device)
-
-        def per_id(values):
-            return values.repeat_interleave(slot_ids, output_size=num_ids)
-
         if plan.has_sequences:
             bag = ragged.bag_of_ids(offsets, num_ids)
             example = bag - per_id(torch.arange(plan.num_slots, device=ids.device) * batch)
         else:
             bag = None
             example = torch.arange(batch, device=ids.device).repeat(plan.num_slots)
-        keys = table_keys(ids, plan.slot_salt, slot_ids)
+        keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         tags = per_id(plan.slot_tag)
+        if any(self.caches) and self.connect() is None:
+            # Before any row is created or moved: a batch too large for a cache
+            # fails whole. (With several ranks the owners check what they receive.)
+            for group, cache in enumerate(self.caches):
+                if cache is not None:
+                    cache.check_fits(keys if len(self.tables) == 1 else
+                                     keys[per_id(plan.slot_group) == group], training)
         if training:
             self.step += 1
-            for lifecycle in self.lifecycles:
+            for lifecycle, cache in zip(self.lifecycles, self.caches):
                 if lifecycle is not None:
-                    lifecycle.maybe_evict(self.step)
+                    # Compaction renumbers host rows: no prefetch may run meanwhile.
+                    with cache.lock if cache else contextlib.nullcontext():
+                        lifecycle.maybe_evict(self.step)
         weight = self._pooling_weight(offsets, bag, per_id, num_ids)
         destination = example * per_id(plan.slot_stride)
         destination += per_id(plan.slot_base * batch + plan.slot_position)
@@ -131,7 +157,7 @@ class EmbeddingEngine:
                 - offsets.index_select(0, bag)
             destination += torch.where(per_id(plan.slot_unpooled), position, 0)
         outputs = []
-        for group, (table, layout) in enumerate(zip(self.tables, plan.layouts)):
+        for group, layout in enumerate(plan.layouts):
             if len(self.tables) > 1:            # one iteration per distinct dim
                 chosen = (per_id(plan.slot_group) == group).nonzero().squeeze(1)
                 group_keys = keys.index_select(0, chosen)
@@ -141,21 +167,91 @@ class EmbeddingEngine:
             else:
                 group_keys, group_tags, group_weight, group_destination = \
                     keys, tags, weight, destination
-            lifecycle = self.lifecycles[group] if training else None
             if self.connect() is None:
-                rows = lifecycle.resolve(group_keys, group_tags, self.step) \
-                    if lifecycle else table.rows_of(group_keys, insert=training)
-                values, unique, unique_index, apply = self._local_rows(table, rows)
+                storage, rows, pin = self._rows(group, group_keys, group_tags, training)
+                values, unique, unique_index, apply = self._local_rows(storage, rows, pin)
             else:
-                values, unique, unique_index, apply = \
-                    self._remote_rows(table, lifecycle, group_keys, group_tags, training)
+                values, unique, unique_index, apply, pin = \
+                    self._remote_rows(group, group_keys, group_tags, training)
             flat = PooledLookup.apply(
                 self.anchor, values, unique, unique_index, group_destination,
                 group_weight, layout.rows(batch), apply)
+            if pin is not None and not (training and flat.requires_grad):
+                pin.release()           # no backward will update the cached rows
             outputs.append(layout.split(flat, batch))
         return outputs
 
-    def _local_rows(self, table, rows):
+    def release_pins(self):
+        """Unpins every cached row: lookups whose step failed before its
+        backward would otherwise keep their rows from being evicted."""
+        for cache in self.caches:
+            if cache is not None:
+                cache.release_all()
+
+    def _slots_of(self, ids, offsets):
+        """``(batch, ids per slot, per_id)`` of a packed batch.
+
+        Ids are slot-major: slot s holds ids offsets[s * B]:offsets[(s + 1) * B].
+        ``per_id`` expands per-slot values once per slot, never gathering per
+        id (on CPU, ``t[slot]`` over 614k ids costs ~2 ms, the expansion 0.1 ms).
+        """
+        plan = self.packing
+        batch = ragged.batch_size(offsets, plan.num_slots)
+        slot_ids = offsets[::batch].diff() if batch else \
+            torch.zeros(plan.num_slots, dtype=torch.int64, device=ids.device)
+
+        def per_id(values):             # the plan's tensors live on the CPU
+            return values.to(ids.device).repeat_interleave(slot_ids,
+                                                           output_size=ids.numel())
+
+        return batch, slot_ids, per_id
+
+    def _rows(self, group, keys, tags, training):
+        """``(storage, rows, pin)``: where the keys' rows live and their indices.
+
+        ``storage`` is the physical table, or its device cache for a
+        ``host_cached`` table (rows are then cache slots, kept in place until
+        ``pin`` is released; None for a table on the device); -1: no row.
+        """
+        table, cache = self.tables[group], self.caches[group]
+        lifecycle = self.lifecycles[group] if training else None
+
+        def host_rows(host_keys):
+            return lifecycle.resolve(host_keys, tags, self.step) if lifecycle \
+                else table.rows_of(host_keys, insert=training)
+
+        if cache is None:
+            return table, host_rows(keys), None
+        return (cache, *cache.resolve(keys, host_rows, training))
+
+    def prefetch(self, ids, offsets):
+        """Loads the rows a coming batch will read into the device caches.
+
+        Runs beside the current step (a pipeline thread): it creates no row
+        and evicts no row the step uses, so training gives the same result
+        with or without it. With several ranks it loads only this rank's own
+        rows among the batch's (other ranks' requests load in their step).
+
+        Args:
+            ids: int64 ``[N]`` transformed ids of the coming batch.
+            offsets: int64 ``[S * B + 1]`` its bag offsets.
+        """
+        if not any(self.caches) or ids.numel() == 0:
+            return
+        plan = self.packing
+        _, slot_ids, per_id = self._slots_of(ids, offsets)
+        keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
+        group_of = per_id(plan.slot_group)
+        world = self.world or distributed.world()
+        for group, cache in enumerate(self.caches):
+            if cache is None:
+                continue
+            chosen = keys[group_of == group] if len(self.caches) > 1 else keys
+            if world.size > 1:
+                chosen = chosen[owner_of(chosen, world.size) == world.rank]
+            cache.prefetch(chosen)
+
+    def _local_rows(self, table, rows, pin):
         """``(values, unique, unique_index, apply)`` for the pooled lookup.
 
         Ids without a row (unseen at inference, not admitted yet) read an
@@ -165,7 +261,7 @@ class EmbeddingEngine:
         if not bool(missing.any()):
             unique, unique_index = unique_rows(rows, table.num_rows)
             self.requests += unique.numel()
-            return table.weights, unique, unique_index, _RowUpdate(self, table)
+            return table.weights, unique, unique_index, _RowUpdate(self, table, pin)
         present = (~missing).nonzero().squeeze(1)
         unique, position = unique_rows(rows[present], table.num_rows)
         self.requests += unique.numel()
@@ -173,34 +269,37 @@ class EmbeddingEngine:
         unique_index[present] = position
         values = torch.cat([table.weights[unique],
                             table.weights.new_zeros(1, table.dim)])
-        apply = functools.partial(self._apply_row_grads_dropping_last, table, unique)
-        return values, torch.arange(values.shape[0]), unique_index, apply
+        apply = functools.partial(self._apply_row_grads_dropping_last, table, unique, pin)
+        return values, torch.arange(values.shape[0], device=values.device), unique_index, \
+            apply
 
-    def _apply_row_grads_dropping_last(self, table, rows, _, grads):
-        self._apply_row_grads(table, rows, grads[:-1])
+    def _apply_row_grads_dropping_last(self, table, rows, pin, _, grads):
+        self._apply_row_grads(table, rows, grads[:-1], pin)
 
-    def _remote_rows(self, table, lifecycle, keys, tags, training):
+    def _remote_rows(self, group, keys, tags, training):
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
         unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \
-            if lifecycle else None
+            if training and self.lifecycles[group] else None
         route = self._router.route(unique_keys, unique_tags)
-        owner_rows = lifecycle.resolve(route.owner_keys, route.owner_tags, self.step) \
-            if lifecycle else table.rows_of(route.owner_keys, insert=training)
+        if self.caches[group] is not None:
+            self.caches[group].check_fits(route.owner_keys, training)
+        table, owner_rows, pin = self._rows(group, route.owner_keys, route.owner_tags,
+                                            training)
         self.requests += owner_rows.numel()
         # Ids without a row (unseen at inference, not admitted) read zeros.
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
                                    table.weights[owner_rows.clamp(min=0)], 0.0)
         values = route.rows_to_requesters(owner_values)
-        apply = functools.partial(self._apply_remote_grads, table, route, owner_rows)
-        return values, torch.arange(values.shape[0]), unique_index, apply
+        apply = functools.partial(self._apply_remote_grads, table, route, owner_rows, pin)
+        return values, torch.arange(values.shape[0]), unique_index, apply, pin
 
-    def _apply_remote_grads(self, table, route, owner_rows, _, grads):
+    def _apply_remote_grads(self, table, route, owner_rows, pin, _, grads):
         owner_grads = route.grads_to_owners(grads) / self.world.size
         present = (owner_rows >= 0).nonzero().squeeze(1)
         unique, position = unique_rows(owner_rows[present], table.num_rows)
         summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
         summed.index_add_(0, position, owner_grads[present])
-        self._apply_row_grads(table, unique, summed)
+        self._apply_row_grads(table, unique, summed, pin)
 
     def _pooling_weight(self, offsets, bag, per_id, num_ids):
         if not self.packing.has_sequences:
@@ -211,10 +310,17 @@ class EmbeddingEngine:
                            torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
 
     def stats(self):
-        """This rank's tables: rows, bytes held, and requests served so far."""
-        return {"requests": self.requests,
-                "tables": [{"dim": t.dim, "rows": t.num_rows, "bytes": t.memory_bytes()}
-                           for t in self.tables]}
+        """This rank's tables: rows, bytes held, and requests served so far;
+        ``host_cached`` tables add their cache's figures (``RowCache.stats``)
+        under ``"cache"``."""
+        tables = []
+        for table, cache in zip(self.tables, self.caches):
+            entry = {"dim": table.dim, "rows": table.num_rows,
+                     "bytes": table.memory_bytes()}
+            if cache is not None:
+                entry["cache"] = cache.stats()
+            tables.append(entry)
+        return {"requests": self.requests, "tables": tables}
 
 
 class _RowUpdate:
@@ -225,13 +331,15 @@ class _RowUpdate:
     the rows in one pass.
     """
 
-    def __init__(self, engine, table):
-        self.engine, self.table = engine, table
+    def __init__(self, engine, table, pin):
+        self.engine, self.table, self.pin = engine, table, pin
 
     def __call__(self, rows, grads):
-        self.engine._apply_row_grads(self.table, rows, grads)
+        self.engine._apply_row_grads(self.table, rows, grads, self.pin)
 
     def apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
         self.engine._checked_optimizer().apply_pooled(
             self.table.weights, self.table.state, rows, grad_out, unique_index,
             destination, id_weight)
+        if self.pin is not None:
+            self.pin.release()

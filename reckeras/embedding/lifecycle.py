@@ -1,4 +1,7 @@
-"""Row lifecycle: admission and eviction, per logical table, off by default.
+"""Per-table options, and the row lifecycle: admission and eviction, off by default.
+
+``TableOptions`` also carries a table's storage tier (see ``cache``); the
+lifecycle below ignores it.
 
 * **Admission** (``admit_after=k``): an id gets a row only once it has
   appeared in ``k`` training steps (several occurrences in one step count
@@ -23,11 +26,13 @@ import torch
 from reckeras.backend_kernels import hash_table
 
 NEVER = 2**62
+STORAGES = ("device", "host_cached")
+CACHE_POLICIES = ("lfu", "lru")
 
 
 @dataclasses.dataclass(frozen=True)
 class TableOptions:
-    """Lifecycle options of one logical table.
+    """Lifecycle and storage options of one logical table.
 
     Args:
         admit_after: training steps an id must appear in before it gets a row
@@ -36,16 +41,31 @@ class TableOptions:
         evict_min_hits: free rows touched fewer times than this between two
             eviction passes.
         evict_every: training steps between eviction passes.
+        storage: ``"device"`` keeps every row on the device;
+            ``"host_cached"`` keeps every row (and its optimizer state) in
+            host memory and a bounded cache of hot rows on the device (see
+            ``docs/caching.md``). All tables of one dim share one physical
+            table, so they must agree on ``storage`` and ``cache_policy``.
+        cache_rows: device cache budget in rows (``host_cached`` only).
+        cache_bytes: device cache budget in bytes, weights plus optimizer
+            state (``host_cached`` only; give it or ``cache_rows``).
+        cache_policy: which cached row to replace: ``"lfu"`` (least
+            frequently used, with aging) or ``"lru"`` (least recently used).
 
     Example:
         >>> rk.layers.ShardedEmbedding(columns, table_options={
-        ...     "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000)})
+        ...     "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000),
+        ...     "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000)})
     """
 
     admit_after: int = 1
     evict_idle_steps: int = None
     evict_min_hits: int = None
     evict_every: int = 100
+    storage: str = "device"
+    cache_rows: int = None
+    cache_bytes: int = None
+    cache_policy: str = "lfu"
 
     def __post_init__(self):
         for field in ("admit_after", "evict_every"):
@@ -58,10 +78,31 @@ class TableOptions:
                                       or value < 1):
                 raise ValueError(f"TableOptions.{field} must be None or an int >= 1, "
                                  f"got {value!r}")
+        self._check_storage()
+
+    def _check_storage(self):
+        if self.storage not in STORAGES:
+            raise ValueError(f"TableOptions.storage must be one of {STORAGES}, "
+                             f"got {self.storage!r}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ValueError(f"TableOptions.cache_policy must be one of {CACHE_POLICIES}, "
+                             f"got {self.cache_policy!r}")
+        budgets = [f for f in ("cache_rows", "cache_bytes") if getattr(self, f) is not None]
+        if self.storage == "device":
+            if budgets:
+                raise ValueError(f"TableOptions.{budgets[0]} needs storage='host_cached'")
+            return
+        if len(budgets) != 1:
+            raise ValueError("storage='host_cached' needs exactly one of cache_rows and "
+                             f"cache_bytes, got {budgets or 'neither'}")
+        value = getattr(self, budgets[0])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"TableOptions.{budgets[0]} must be an int >= 1, got {value!r}")
 
     @property
-    def is_default(self):
-        return self == TableOptions()
+    def uses_lifecycle(self):
+        """Whether admission or eviction differs from the defaults."""
+        return (self.admit_after, self.evict_idle_steps, self.evict_min_hits) != (1, None, None)
 
     def get_config(self):
         return dataclasses.asdict(self)
@@ -147,6 +188,7 @@ class RowLifecycle:
         if not self.evicts or step == 0 or step % self.evict_every:
             return 0
         table = self.table
+        table.sync()                 # rows are read below: a device cache writes back
         n = table.num_rows
         tag = self.tag[:n]
         stale = (step - self.last_step[:n]) > self.idle_limit[tag]

@@ -68,7 +68,11 @@ class PackingPlan:
         declaration_order: the same specs in the order the user declared them,
             which is the order of the output features.
         table_options: ``{logical table name: lifecycle.TableOptions}`` for
-            the tables that use admission or eviction.
+            the tables that use admission, eviction or host storage.
+
+    Raises:
+        ValueError: an unknown table name, or tables of one dim (one physical
+            table) that disagree on ``storage`` or ``cache_policy``.
     """
 
     def __init__(self, slots, declaration_order, table_options=None):
@@ -87,6 +91,16 @@ class PackingPlan:
                              for d in self.dims]
         self.group_options = [[table_options.get(t, TableOptions()) for t in tables]
                               for tables in self.group_tables]
+        for dim, tables, options in zip(self.dims, self.group_tables, self.group_options):
+            # One physical table has one storage: its logical tables must agree.
+            kinds = {(o.storage, o.cache_policy) for o in options}
+            if len(kinds) > 1:
+                described = {t: f"{o.storage}/{o.cache_policy}"
+                             for t, o in zip(tables, options)}
+                raise ValueError(
+                    f"tables of dim {dim} are packed into one physical table, so they "
+                    f"need one storage and cache policy; got {described}. Give them "
+                    f"the same TableOptions storage/cache_policy, or different dims")
         self.slot_tag = torch.tensor([self.group_tables[self.dims.index(s.dim)]
                                       .index(s.table) for s in self.slots])
         self.output_names = [s.name for s in declaration_order]
@@ -122,6 +136,10 @@ class PackingPlan:
         self.slot_position = torch.tensor(position)
         self.has_sequences = any(isinstance(s, Sequence) for s in self.slots)
         self.has_unpooled = bool(self.slot_unpooled.any())
+
+    def host_cached(self, group):
+        """Whether physical table ``group`` keeps its rows in host memory."""
+        return self.group_options[group][0].storage == "host_cached"
 
     @property
     def num_slots(self):

@@ -6,6 +6,11 @@ without bound: the index is rehashed to keep its load under one half, and the
 row arrays double when full. A new row's initial value is a function of its
 key and the table's seed only, so it is the same whatever the batch order or
 the rank that creates it.
+
+A table may sit behind a device cache (``cache.RowCache``, storage
+``"host_cached"``): the cache then holds the newest value of the rows it
+caches, so ``sync`` writes those back before anything reads the rows here in
+bulk (export, lifecycle compaction), and ``load`` empties the cache.
 """
 
 import numpy as np
@@ -15,6 +20,18 @@ from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import _shr, mix64
 
 _UNIT = 2.0 ** -53
+
+
+def available_host_bytes():
+    """Host memory the kernel reports available (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def initial_rows(keys, dim, scale, seed):
@@ -33,13 +50,20 @@ class PhysicalTable:
         init_scale: new rows are uniform in ``[-init_scale, init_scale]``.
         seed: seed of the initial values.
         device: torch device of the storage.
+        name: how errors name the table (its logical tables).
+        pin_memory: allocate rows and state in pinned host memory (a host
+            tier copied to and from a GPU cache).
     """
 
-    def __init__(self, dim, init_scale=0.05, seed=0, device=None):
+    def __init__(self, dim, init_scale=0.05, seed=0, device=None, name=None,
+                 pin_memory=False):
         self.dim = dim
         self.init_scale = init_scale
         self.seed = seed
         self.device = torch.device(device or "cpu")
+        self.name = name or f"dim {dim}"
+        self.pin_memory = pin_memory
+        self.cache = None            # a RowCache holding some rows' newest values
         self.slot_keys, self.slot_rows = hash_table.new_slots(16, self.device)
         self.num_rows = 0
         self.keys = torch.empty(1, dtype=torch.int64, device=self.device)
@@ -54,8 +78,7 @@ class PhysicalTable:
         kept; otherwise every row starts at ``initial_value``.
         """
         if self.state.shape[1] != width:
-            self.state = torch.full((self.weights.shape[0], width), initial_value,
-                                    device=self.device)
+            self.state = self._rows_storage(self.weights.shape[0], width, initial_value)
         self.state_init = initial_value
 
     def _reserve(self, extra_keys):
@@ -63,6 +86,26 @@ class PhysicalTable:
         if needed > self.slot_keys.numel() * hash_table.MAX_LOAD:
             self.slot_keys, self.slot_rows = hash_table.rehash(
                 self.slot_keys, self.slot_rows, hash_table.capacity_for(needed))
+
+    def _rows_storage(self, rows, width, fill):
+        """A ``[rows, width]`` float32 array filled with ``fill`` (left
+        uninitialized when ``fill`` is None), or MemoryError naming the table."""
+        size = rows * width * 4
+        available = available_host_bytes() if self.device.type == "cpu" else None
+        # Refuse before the kernel's OOM killer would end the process silently.
+        if available is not None and size > available:
+            raise MemoryError(f"embedding table {self.name}: {rows} rows of width "
+                              f"{width} need {size} bytes, host memory has {available} "
+                              f"bytes available")
+        try:
+            if fill is None:
+                return torch.empty((rows, width), device=self.device,
+                                   pin_memory=self.pin_memory)
+            return torch.full((rows, width), fill, device=self.device,
+                              pin_memory=self.pin_memory)
+        except (RuntimeError, MemoryError) as error:
+            raise MemoryError(f"embedding table {self.name}: cannot allocate {size} "
+                              f"bytes for {rows} rows of width {width}: {error}") from error
 
     def _grow_rows(self, needed):
         capacity = self.weights.shape[0]
@@ -72,9 +115,9 @@ class PhysicalTable:
         # Rows past num_rows are written when they are created, so the new
         # capacity needs no initial fill (filling ~all of it again each time
         # the table doubles showed in the step time).
-        weights = torch.empty(new_capacity, self.dim, device=self.device)
+        weights = self._rows_storage(new_capacity, self.dim, None)
         weights[:self.num_rows] = self.weights[:self.num_rows]
-        state = torch.empty((new_capacity, self.state.shape[1]), device=self.device)
+        state = self._rows_storage(new_capacity, self.state.shape[1], None)
         state[:self.num_rows] = self.state[:self.num_rows]
         keys = torch.empty(new_capacity, dtype=torch.int64, device=self.device)
         keys[:self.num_rows] = self.keys[:self.num_rows]
@@ -116,8 +159,14 @@ class PhysicalTable:
 
     # ---- checkpoints ---------------------------------------------------------
 
+    def sync(self):
+        """Makes this table's rows current (writes back its cache's dirty rows)."""
+        if self.cache is not None:
+            self.cache.write_back()
+
     def export(self):
         """``{"keys", "weights", "state"}`` numpy arrays of the live rows."""
+        self.sync()
         n = self.num_rows
         return {"keys": self.keys[:n].cpu().numpy(),
                 "weights": self.weights[:n].cpu().numpy(),
@@ -135,15 +184,16 @@ class PhysicalTable:
         self.slot_keys, self.slot_rows = hash_table.new_slots(
             hash_table.capacity_for(keys.numel()), self.device)
         self.num_rows = 0
-        self.weights = torch.zeros(max(1, keys.numel()), self.dim, device=self.device)
+        self.weights = self._rows_storage(max(1, keys.numel()), self.dim, 0.0)
         self.keys = torch.empty(max(1, keys.numel()), dtype=torch.int64, device=self.device)
         width = state.shape[1] if state.ndim == 2 else self.state.shape[1]
-        self.state = torch.full((self.weights.shape[0], width), self.state_init,
-                                device=self.device)
+        self.state = self._rows_storage(self.weights.shape[0], width, self.state_init)
         rows = self.find_or_insert(keys)
         self.weights[rows] = weights.float()
         if state.numel():
             self.state[rows] = state.float()
+        if self.cache is not None:       # rows were renumbered: cached copies are void
+            self.cache.clear()
 
     def memory_bytes(self):
         tensors = (self.slot_keys, self.slot_rows, self.keys, self.weights, self.state)

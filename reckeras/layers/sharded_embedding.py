@@ -40,8 +40,9 @@ class ShardedEmbedding(keras.layers.Layer):
         seed: seed of the rows' initial values (a row's initial value depends
             only on its id, table and seed).
         table_options: ``{table name: rk.embedding.TableOptions(...)}`` (or
-            dicts of its fields) for tables with admission or eviction; an
-            unknown table name is an error.
+            dicts of its fields) for tables with admission, eviction or
+            host storage behind a device cache (``storage="host_cached"``,
+            see ``docs/caching.md``); an unknown table name is an error.
         **kwargs: base Layer arguments.
 
     Example:

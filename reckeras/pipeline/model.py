@@ -134,7 +134,9 @@ class Model(keras.Model):
             ``{layer name: {"per_rank": [stats of rank 0, ...],
             "rows_imbalance": max/mean, "requests_imbalance": max/mean}}``
             where each rank's stats hold ``requests`` and, per physical table,
-            ``dim``, ``rows`` and ``bytes``.
+            ``dim``, ``rows`` and ``bytes`` (plus ``cache``, the device
+            cache's hit rates and traffic, for ``host_cached`` tables; see
+            ``docs/caching.md``).
         """
         from reckeras.embedding.sharding import imbalance
         world = distributed.world()
@@ -186,6 +188,8 @@ class Model(keras.Model):
         # Keras's torch train_step skips backward when there is no trainable
         # Keras weight; here backward also trains the tables, so it always runs.
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        for layer in self.embedding_layers:
+            layer.engine.release_pins()       # left by a step that failed mid-way
         y_pred = self(x, training=True)
         self.zero_grad()
         loss = self._compute_loss(x=x, y=y, y_pred=y_pred,
@@ -228,12 +232,14 @@ class Model(keras.Model):
     # ---- loops -----------------------------------------------------------------------
 
     def _batches(self, data, batch_size, with_label, shuffle=False, seed=0,
-                 sample_weight=None, pipeline=True, prefetch_depth=2):
+                 sample_weight=None, pipeline=True, prefetch_depth=2, training=False):
         """The pipeline of ``(rows, (inputs, labels, weights))`` batches.
 
         Stages (see ``prefetch.Pipeline``): read this rank's shard, then
-        encode (validate, hash strings, numpy -> torch). With ``pipeline`` they
-        run in background threads, ``prefetch_depth`` batches ahead.
+        encode (validate, hash strings, numpy -> torch), then, when training
+        a model with ``host_cached`` tables, load the batch's rows into the
+        device caches. With ``pipeline`` they run in background threads,
+        ``prefetch_depth`` batches ahead.
         """
         columns = self.feature_columns
         world = distributed.world()
@@ -244,8 +250,26 @@ class Model(keras.Model):
             return batch.num_rows, to_tensors(columns, batch, data.label, with_label,
                                               sample_weight)
 
-        return Pipeline(source, [("encode", encode)], depth=prefetch_depth,
-                        threads=pipeline)
+        stages = [("encode", encode)]
+        cached = self._cached_engines() if training else []
+        if cached:
+            def cache_rows(item):
+                # The same ids the step will look up: the transforms of the
+                # sparse features depend on no trained weight.
+                sparse = columns.plan.packed_sparse(item[1][0])
+                for engine in cached:
+                    engine.prefetch(sparse["ids"], sparse["offsets"])
+                return item
+
+            stages.append(("cache_prefetch", cache_rows))
+        return Pipeline(source, stages, depth=prefetch_depth, threads=pipeline)
+
+    def _cached_engines(self):
+        """Engines with ``host_cached`` tables fed straight by FeatureColumns."""
+        slots = [s.name for s in self.feature_columns.plan.slots]
+        return [layer.engine for layer in self.embedding_layers
+                if any(layer.engine.caches)
+                and [s.name for s in layer.packing.slots] == slots]
 
     def _num_steps(self, data, batch_size, limit=None):
         """Steps every rank can take (collectives need the same count)."""
@@ -325,7 +349,8 @@ class Model(keras.Model):
                        disable=not verbose, leave=True)
             examples, started, step_s = 0, time.perf_counter(), 0.0
             batches = self._batches(data, batch_size, True, shuffle, seed + epoch,
-                                    sample_weight, pipeline, prefetch_depth)
+                                    sample_weight, pipeline, prefetch_depth,
+                                    training=True)
             with batches as items:
                 for step, (rows, batch) in enumerate(itertools.islice(items, steps)):
                     callback_list.on_train_batch_begin(step)
@@ -379,6 +404,11 @@ class Model(keras.Model):
                 totals[name] = round(totals.get(name, 0) + value, 4)
         totals["epochs"] = totals.get("epochs", 0) + 1
         totals["examples_per_s"] = round(totals["examples"] / max(totals["wall_s"], 1e-9), 1)
+        caches = {layer.name: [t["cache"] for t in layer.engine.stats()["tables"]
+                               if "cache" in t] for layer in self.embedding_layers}
+        caches = {name: tables for name, tables in caches.items() if tables}
+        if caches:                  # cumulative since the caches were configured
+            totals["embedding_cache"] = caches
 
     def evaluate(self, x=None, y=None, batch_size=4096, verbose=1, return_dict=False,
                  steps=None, callbacks=None, sample_weight=None):

@@ -1,5 +1,6 @@
 """Shared model and data of the distributed test workers."""
 
+import dataclasses
 import os
 
 import reckeras as rk  # first: selects Keras's torch backend
@@ -34,9 +35,17 @@ def model():
         rk.features.Sequence("h", dim=4, max_len=4, combiner="mean")])
     options = {"shared": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=3,
                                                    evict_every=4)} \
-        if os.environ.get("RK_TEST_LIFECYCLE") else None
+        if os.environ.get("RK_TEST_LIFECYCLE") else {}
+    if os.environ.get("RK_TEST_CACHE"):
+        # All tables (one physical table of dim 4) in host memory behind a
+        # cache of 90 rows per rank: smaller than the rows each rank owns.
+        policy = os.environ["RK_TEST_CACHE"]
+        options = {name: dataclasses.replace(
+            options.get(name, rk.embedding.TableOptions()), storage="host_cached",
+            cache_rows=rows, cache_policy=policy)
+            for name, rows in (("a", 30), ("shared", 40), ("h", 20))}
     m = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
-                       table_options=options)
+                       table_options=options or None)
     m.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
               metrics=[rk.metrics.AUC(), rk.metrics.GAUC(group="c")])

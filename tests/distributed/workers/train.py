@@ -1,5 +1,7 @@
-"""Trains the common model for a few steps; rank 0 saves weights and tables."""
+"""Trains the common model for a few steps; rank 0 saves weights and tables
+(and, with host_cached tables, every rank's cache stats beside them)."""
 
+import json
 import sys
 
 import common  # noqa: E402  (adds nothing to sys.path; sits beside this file)
@@ -12,4 +14,9 @@ world = distributed.init(timeout_s=60)
 model = common.model()
 model.fit(common.data(), batch_size=common.GLOBAL_BATCH // world.size, epochs=epochs,
           shuffle=True, seed=3, verbose=0)
-common.save_all(model, out_path)
+if any(model.embedding_layers[0].engine.caches):
+    stats = model.embedding_stats()             # a collective: every rank calls it
+    if world.is_main:
+        with open(f"{out_path}.cache.json", "w") as f:
+            json.dump(stats, f)
+common.save_all(model, out_path)               # ends with a barrier: ranks exit together
