@@ -36,6 +36,11 @@ class FeatureColumns(keras.layers.Layer):
 
     def __init__(self, specs, **kwargs):
         super().__init__(**kwargs)
+        # call() turns every raw column into a tensor of its spec's dtype
+        # itself: Keras's per-input conversion (a pytree walk over hundreds
+        # of inputs per call) would only repeat it.
+        self._convert_input_args = False
+        self._allow_non_tensor_positional_args = True
         self.specs = [deserialize(s) for s in specs]
         self.plan = TransformPlan(self.specs)
         self.input_names = encoding.raw_columns(self.specs)

@@ -6,6 +6,7 @@ import time
 import keras
 import numpy as np
 import torch
+from keras.src.backend.torch.core import get_device, to_torch_dtype
 from keras.src.saving import serialization_lib
 from keras.src.trainers.data_adapters import data_adapter_utils
 from tqdm.auto import tqdm
@@ -46,6 +47,38 @@ class Model(keras.Model):
         # input) on every call; with hundreds of feature inputs that showed in
         # the step time. The graph is fixed, so the spec is built once.
         self.input_spec = self.input_spec
+        self._declared_inputs = _declared_inputs(self._inputs_struct)
+
+    def _inputs_as_declared(self, inputs):
+        """The flat input list when ``inputs`` is a dict of exactly the input
+        names holding torch tensors of the declared dtypes and shapes on the
+        Keras device (what fit, evaluate and predict feed), else None.
+
+        Keras converts, re-ranks and checks every input through pytree walks;
+        with hundreds of feature inputs that was a fifth of a training step.
+        Inputs that need any of it take Keras's own path.
+        """
+        declared = self._declared_inputs
+        if declared is None or not isinstance(inputs, dict) \
+                or inputs.keys() != self._inputs_struct.keys():
+            return None
+        flat = [inputs[key] for key in declared.keys]
+        device = torch.device(get_device()).type
+        for x, dtype, rank, fixed in zip(flat, declared.dtypes, declared.ranks,
+                                         declared.fixed_sizes):
+            if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.dim() != rank \
+                    or x.device.type != device or any(x.shape[a] != n for a, n in fixed):
+                return None
+        return flat
+
+    def _standardize_inputs(self, inputs):
+        flat = self._inputs_as_declared(inputs)
+        return flat if flat is not None else super()._standardize_inputs(inputs)
+
+    def _assert_input_compatibility(self, *args):
+        if args and self._inputs_as_declared(args[0]) is not None:
+            return
+        super()._assert_input_compatibility(*args)
 
     def _maybe_warn_inputs_struct_mismatch(self, inputs, raise_exception=False):
         # The common case, a dict with exactly the model's input names, is
@@ -467,6 +500,28 @@ class Model(keras.Model):
         if not outputs:
             raise ValueError("predict() received no data")
         return np.concatenate(outputs)
+
+
+class _DeclaredInputs:
+    """A functional model's dict inputs in Keras's flat order, with the dtype,
+    rank and fixed axis sizes each one is declared with."""
+
+    def __init__(self, keys, tensors):
+        self.keys = keys
+        self.dtypes = [to_torch_dtype(t.dtype) for t in tensors]
+        self.ranks = [len(t.shape) for t in tensors]
+        self.fixed_sizes = [[(axis, size) for axis, size in enumerate(t.shape)
+                             if size is not None] for t in tensors]
+
+
+def _declared_inputs(inputs_struct):
+    """``_DeclaredInputs`` of a dict of ``keras.Input``; None for other structures."""
+    if not isinstance(inputs_struct, dict) or any(
+            not isinstance(t, keras.KerasTensor) or t.sparse or t.ragged
+            for t in inputs_struct.values()):
+        return None
+    keys = keras.tree.flatten({key: key for key in inputs_struct})
+    return _DeclaredInputs(keys, [inputs_struct[key] for key in keys])
 
 
 def _python_logs(logs):

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 import reckeras as rk
+from reckeras.pipeline.batches import to_tensors
 
 
 def synthetic(n=4000, seed=0):
@@ -175,3 +176,40 @@ def test_sample_weights_scale_the_loss():
     np.testing.assert_allclose(weighted["loss"], (weights * per_example).mean(), rtol=1e-4)
     with pytest.raises(rk.features.FeatureInputError, match="sample weight column 'zz'"):
         model.fit(data, batch_size=512, verbose=0, sample_weight="zz")
+
+
+def test_tensor_inputs_fast_path_matches_keras_path():
+    # Names out of sorted order and a 2-D sequence input: the fast path for
+    # dicts of declared tensors (what fit feeds) must hand every input where
+    # Keras's own path (taken by numpy inputs) does.
+    keras.utils.set_random_seed(3)
+    specs = [rk.features.Numeric("z_num"), rk.features.Numeric("a_num"),
+             rk.features.Categorical("y_cat", dim=4),
+             rk.features.Sequence("b_seq", max_len=3, dim=4, combiner="mean"),
+             rk.features.Categorical("c_cat", dim=4)]
+    columns = rk.layers.FeatureColumns(specs)
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
+    joined = keras.layers.Concatenate()([dense, embedded])
+    model = rk.Model(inputs, keras.layers.Dense(1)(joined))
+    rng = np.random.default_rng(0)
+    batch = pa.table({"z_num": rng.normal(size=6).astype(np.float32),
+                      "a_num": rng.normal(size=6).astype(np.float32),
+                      "y_cat": rng.integers(0, 9, 6), "c_cat": rng.integers(0, 9, 6),
+                      "b_seq": [[1, 2], [3], [], [4, 5, 6, 7], [8], [2, 2]]})
+    tensors, _, _ = to_tensors(columns, batch, None, with_label=False)
+    assert model._inputs_as_declared(tensors) is not None
+    arrays = {name: tensor.numpy() for name, tensor in tensors.items()}
+    assert model._inputs_as_declared(arrays) is None
+    expected = model(arrays).detach().numpy()
+    np.testing.assert_array_equal(model(tensors).detach().numpy(), expected)
+    # Swapping two inputs changes the output: each one reaches its own feature.
+    swapped = {**tensors, "z_num": tensors["a_num"], "a_num": tensors["z_num"]}
+    assert not np.allclose(model(swapped).detach().numpy(), expected)
+    # A wrong width or dtype is not fast-pathed: Keras's check names the input.
+    too_wide = {**tensors, "b_seq": tensors["b_seq"].repeat(1, 2)}
+    assert model._inputs_as_declared(too_wide) is None
+    with pytest.raises(ValueError, match="b_seq"):
+        model(too_wide)
+    assert model._inputs_as_declared({**tensors, "y_cat": tensors["y_cat"].int()}) is None
