@@ -3,14 +3,16 @@
 For the `dlrm` and `wide` workloads of DESIGN.md (batch 2048, Adagrad-style
 optimizers), trains on the same pre-generated batches with:
 
-* reckeras, pipeline on (``rk.Model.fit``, prefetch threads) and off;
+* reckeras (``rk.Model.fit``) with its default ``pipeline="auto"``, and with
+  the pipeline's stage threads forced on (``reckeras_pipeline_threads``) and
+  off (``reckeras_no_pipeline``);
 * plain Keras (one ``keras.layers.Embedding`` per field, ``model.fit``);
 * plain PyTorch (one ``nn.EmbeddingBag`` per field, sparse Adagrad);
 * TorchRec (``EmbeddingBagCollection`` under ``DistributedModelParallel``,
   Adagrad fused in backward), when the ``bench`` extra is installed.
 
 Prints ``<workload> <system> examples_per_s=<n>`` per system and workload,
-then the ratios of reckeras to each baseline.
+then the ratios of reckeras (the default) to each baseline.
 
     python benchmarks/throughput.py [--workloads dlrm wide] [--steps 20]
 """
@@ -67,7 +69,13 @@ def run_reckeras(workload, batches, warmup, pipeline):
     timed = table.slice(warmup * batch_size)
     started = time.perf_counter()
     model.fit(timed, batch_size=batch_size, verbose=0, shuffle=False, pipeline=pipeline)
-    return timed.num_rows / (time.perf_counter() - started)
+    rate = timed.num_rows / (time.perf_counter() - started)
+    if pipeline == "auto":
+        print(f"# {workload.name}: pipeline='auto' ran the stages "
+              f"{'in threads' if model.pipeline_stats['threads'] else 'inline'} "
+              f"({len(os.sched_getaffinity(0))} usable cores, {torch.get_num_threads()} "
+              f"torch threads)", flush=True)
+    return rate
 
 
 def main():
@@ -85,7 +93,9 @@ def main():
         steps = args.steps or (30 if name == "dlrm" else 20)
         batches = make_batches(workload, args.batch, args.warmup + steps)
         systems = {
-            "reckeras": lambda: run_reckeras(workload, batches, args.warmup, True),
+            "reckeras": lambda: run_reckeras(workload, batches, args.warmup, "auto"),
+            "reckeras_pipeline_threads": lambda: run_reckeras(workload, batches,
+                                                              args.warmup, True),
             "reckeras_no_pipeline": lambda: run_reckeras(workload, batches, args.warmup,
                                                          False),
             "plain_pytorch": lambda: baselines.plain_pytorch(workload, batches, args.warmup),

@@ -1,6 +1,7 @@
 """rk.Model: a keras.Model whose fit/evaluate/predict read reckeras data."""
 
 import itertools
+import os
 import time
 
 import keras
@@ -265,13 +266,14 @@ class Model(keras.Model):
     # ---- loops -----------------------------------------------------------------------
 
     def _batches(self, data, batch_size, with_label, shuffle=False, seed=0,
-                 sample_weight=None, pipeline=True, prefetch_depth=2, training=False):
+                 sample_weight=None, pipeline="auto", prefetch_depth=2, training=False):
         """The pipeline of ``(rows, (inputs, labels, weights))`` batches.
 
         Stages (see ``prefetch.Pipeline``): read this rank's shard, then
         encode (validate, hash strings, numpy -> torch), then, when training
         a model with ``host_cached`` tables, load the batch's rows into the
-        device caches. With ``pipeline`` they run in background threads,
+        device caches. With ``pipeline`` (see ``_pipeline_threads``) they run
+        in background threads,
         ``prefetch_depth`` batches ahead.
         """
         columns = self.feature_columns
@@ -295,7 +297,8 @@ class Model(keras.Model):
                 return item
 
             stages.append(("cache_prefetch", cache_rows))
-        return Pipeline(source, stages, depth=prefetch_depth, threads=pipeline)
+        return Pipeline(source, stages, depth=prefetch_depth,
+                        threads=_pipeline_threads(pipeline))
 
     def _cached_engines(self):
         """Engines with ``host_cached`` tables fed straight by FeatureColumns."""
@@ -333,7 +336,7 @@ class Model(keras.Model):
 
     def fit(self, x=None, y=None, batch_size=4096, epochs=1, verbose=1, callbacks=None,
             validation_data=None, shuffle=True, seed=0, steps_per_epoch=None,
-            initial_epoch=0, sample_weight=None, pipeline=True, prefetch_depth=2):
+            initial_epoch=0, sample_weight=None, pipeline="auto", prefetch_depth=2):
         """Trains the model.
 
         Args:
@@ -350,8 +353,13 @@ class Model(keras.Model):
             initial_epoch: epoch to start at (to resume from a checkpoint:
                 epoch ``e`` always uses shuffle seed ``seed + e``).
             sample_weight: name of a column of per-example loss weights.
-            pipeline: prepare batches in background threads (the result is
-                the same either way; see ``docs/pipeline.md``).
+            pipeline: ``True`` prepares batches in background threads,
+                ``False`` inline before each step; the result is the same
+                either way. ``"auto"`` uses threads when they have a core of
+                their own: on a GPU, or when the process may use more cores
+                than torch's intra-op threads (on a CPU whose every core
+                runs the step's math, a stage thread only slows the step;
+                see ``docs/pipeline.md``).
             prefetch_depth: batches each pipeline stage may run ahead.
 
         Returns:
@@ -436,6 +444,7 @@ class Model(keras.Model):
             else:
                 totals[name] = round(totals.get(name, 0) + value, 4)
         totals["epochs"] = totals.get("epochs", 0) + 1
+        totals["threads"] = batches.threads
         totals["examples_per_s"] = round(totals["examples"] / max(totals["wall_s"], 1e-9), 1)
         caches = {layer.name: [t["cache"] for t in layer.engine.stats()["tables"]
                                if "cache" in t] for layer in self.embedding_layers}
@@ -500,6 +509,17 @@ class Model(keras.Model):
         if not outputs:
             raise ValueError("predict() received no data")
         return np.concatenate(outputs)
+
+
+def _pipeline_threads(pipeline):
+    """Whether the pipeline stages of ``fit(pipeline=...)`` run in threads."""
+    if isinstance(pipeline, bool):
+        return pipeline
+    if pipeline != "auto":
+        raise ValueError(f"pipeline must be True, False or 'auto', got {pipeline!r}")
+    if torch.device(get_device()).type == "cuda":
+        return True                      # the step's math runs on the GPU
+    return len(os.sched_getaffinity(0)) > torch.get_num_threads()
 
 
 class _DeclaredInputs:

@@ -213,3 +213,18 @@ def test_tensor_inputs_fast_path_matches_keras_path():
     with pytest.raises(ValueError, match="b_seq"):
         model(too_wide)
     assert model._inputs_as_declared({**tensors, "y_cat": tensors["y_cat"].int()}) is None
+
+
+def test_auto_pipeline_uses_threads_only_with_a_spare_core(monkeypatch):
+    from reckeras.pipeline import model as model_module
+    monkeypatch.setattr(model_module.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(model_module.torch, "get_num_threads", lambda: 2)
+    assert model_module._pipeline_threads("auto") is False
+    monkeypatch.setattr(model_module.torch, "get_num_threads", lambda: 1)
+    assert model_module._pipeline_threads("auto") is True
+    assert model_module._pipeline_threads(False) is False
+    model = build()
+    model.fit(synthetic(600), batch_size=200, verbose=0)
+    assert model.pipeline_stats["threads"] is True
+    with pytest.raises(ValueError, match="pipeline must be"):
+        model.fit(synthetic(600), batch_size=200, verbose=0, pipeline="yes")
