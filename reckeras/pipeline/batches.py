@@ -80,8 +80,11 @@ def to_tensors(columns, batch, label, with_label, weight_column=None):
     ``labels`` is None when ``with_label`` is false, ``weights`` when there
     is no ``weight_column``.
     """
-    inputs = {name: torch.from_numpy(np.require(value, requirements="W")).to(get_device())
+    device = torch.device(get_device())
+    inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
               for name, value in columns.encode(batch).items()}
+    if device.type != "cpu":
+        inputs = {name: value.to(device) for name, value in inputs.items()}
     weights = None
     if weight_column is not None:
         column = _column_values(batch, weight_column, "sample weight")

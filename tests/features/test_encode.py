@@ -3,6 +3,8 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reckeras as rk
 from reckeras.backend_kernels.hashing import hash_strings
@@ -80,3 +82,58 @@ def test_large_integer_counts_become_float32():
     out = encode([rk.features.Numeric("n")], {"n": pa.array([17431178, 2**40, None])})
     np.testing.assert_allclose(out["n"][:2], [17431178.0, 2.0**40], rtol=1e-7)
     assert np.isnan(out["n"][2])
+
+
+def _wide_table(rng, rows, num_ids, num_floats, chunks, nulls):
+    columns = {}
+    for j in range(num_ids):
+        values = rng.integers(0, 50, rows)
+        mask = (rng.random(rows) < 0.3) if nulls else None
+        columns[f"c{j}"] = pa.array(values, pa.int64(), mask=mask)
+    for j in range(num_floats):
+        columns[f"f{j}"] = pa.array(rng.normal(size=rows).astype(np.float32))
+    table = pa.table(columns)
+    if chunks > 1:          # the same rows in several record batches
+        bounds = np.linspace(0, rows, chunks + 1).astype(int)
+        table = pa.Table.from_batches(
+            [b for lo, hi in zip(bounds[:-1], bounds[1:])
+             for b in table.slice(lo, hi - lo).to_batches()])
+    return table
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 40), num_ids=st.integers(0, 6), num_floats=st.integers(0, 4),
+       chunks=st.integers(1, 3), nulls=st.booleans(), seed=st.integers(0, 2**16))
+def test_block_encoding_equals_one_feature_at_a_time(rows, num_ids, num_floats, chunks,
+                                                     nulls, seed):
+    # Many int64 Categoricals / float32 Numerics are encoded as blocks; one
+    # feature alone goes column by column: both must give the same arrays.
+    table = _wide_table(np.random.default_rng(seed), rows, num_ids, num_floats,
+                        chunks, nulls)
+    specs = [rk.features.Categorical(f"c{j}", dim=4) for j in range(num_ids)] \
+        + [rk.features.Numeric(f"f{j}") for j in range(num_floats)]
+    if not specs:
+        return
+    together = encode(specs, table)
+    assert set(together) == {s.name for s in specs}
+    for spec in specs:
+        alone = encode([spec], table)[spec.name]
+        assert together[spec.name].dtype == alone.dtype
+        np.testing.assert_array_equal(together[spec.name], alone)
+
+
+def test_block_errors_name_the_feature():
+    rng = np.random.default_rng(0)
+    table = _wide_table(rng, 8, 4, 3, 1, False)
+    specs = [rk.features.Categorical(f"c{j}", dim=4) for j in range(4)] \
+        + [rk.features.Numeric(f"f{j}") for j in range(3)]
+    ids = table.column("c2").to_numpy().copy()
+    ids[5] = -7
+    bad_ids = table.set_column(2, "c2", pa.array(ids))
+    with pytest.raises(FeatureInputError, match="feature 'c2': negative id -7"):
+        encode(specs, bad_ids)
+    values = table.column("f1").to_numpy().copy()
+    values[3] = -np.inf
+    bad_values = table.set_column(5, "f1", pa.array(values))
+    with pytest.raises(FeatureInputError, match="feature 'f1': column holds \\+-inf"):
+        encode(specs, bad_values)
