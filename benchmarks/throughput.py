@@ -11,6 +11,13 @@ optimizers), trains on the same pre-generated batches with:
 * TorchRec (``EmbeddingBagCollection`` under ``DistributedModelParallel``,
   Adagrad fused in backward), when the ``bench`` extra is installed.
 
+Each system runs in a fresh Python process, one after another, so that none
+inherits another's heap, thread pools or process-wide settings: importing
+reckeras tunes glibc's malloc for the whole process (``reckeras._allocator``),
+which a user of a baseline does not get (it made plain Keras ~1.6x faster on
+``dlrm`` when the baselines shared reckeras's process). ``--same-process``
+runs every system in this process instead, for comparison.
+
 Prints ``<workload> <system> examples_per_s=<n>`` per system and workload,
 then the ratios of reckeras (the default) to each baseline.
 
@@ -19,24 +26,27 @@ then the ratios of reckeras (the default) to each baseline.
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import reckeras as rk  # noqa: E402  (selects Keras's torch backend first)
-
-import keras  # noqa: E402
-import torch  # noqa: E402
-
-import baselines  # noqa: E402
+import baselines  # noqa: E402  (selects Keras's torch backend first)
 from workloads import NUM_DENSE, WORKLOADS, make_batches, to_arrow  # noqa: E402
 
 LEARNING_RATE = baselines.LEARNING_RATE
+RECKERAS_SYSTEMS = {"reckeras": "auto", "reckeras_pipeline_threads": True,
+                    "reckeras_no_pipeline": False}
+BASELINE_SYSTEMS = {"plain_pytorch": "pytorch", "plain_keras": "keras",
+                    "torchrec": "torchrec"}      # names in baselines.BASELINES
+SYSTEMS = [*RECKERAS_SYSTEMS, *BASELINE_SYSTEMS]
 
 
 def reckeras_model(workload):
     """The workload's model from reckeras's public layers."""
+    import reckeras as rk
+    import keras
     columns = rk.layers.FeatureColumns(
         [rk.features.Numeric(f"I{i + 1}") for i in range(NUM_DENSE)]
         + [rk.features.Categorical(f"C{f + 1}", dim=workload.dim)
@@ -60,6 +70,8 @@ def reckeras_model(workload):
 
 def run_reckeras(workload, batches, warmup, pipeline):
     """examples/s of ``rk.Model.fit`` over the batches after ``warmup``."""
+    import keras
+    import torch
     keras.utils.set_random_seed(0)
     table = to_arrow(batches, workload)
     batch_size = len(batches[0][2])
@@ -78,6 +90,34 @@ def run_reckeras(workload, batches, warmup, pipeline):
     return rate
 
 
+def measure(name, system, batch_size, steps, warmup):
+    """examples/s of one system on one workload, in this process (None: not installed)."""
+    import torch
+    torch.set_num_threads(int(os.environ.get("RECKERAS_BENCH_THREADS", "2")))
+    workload = WORKLOADS[name]
+    batches = make_batches(workload, batch_size, warmup + steps)
+    if system in RECKERAS_SYSTEMS:
+        return run_reckeras(workload, batches, warmup, RECKERAS_SYSTEMS[system])
+    measured = baselines.BASELINES[BASELINE_SYSTEMS[system]](workload, batches, warmup)
+    return None if measured is None else measured.examples_per_s
+
+
+def measure_in_fresh_process(name, system, batch_size, steps, warmup):
+    """``measure`` in a new Python process; its ``#`` lines are passed on."""
+    command = [sys.executable, os.path.abspath(__file__), "--one", name, system,
+               "--batch", str(batch_size), "--steps", str(steps), "--warmup", str(warmup)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} {system} failed:\n{result.stderr[-3000:]}")
+    rate = None
+    for line in result.stdout.splitlines():
+        if line.startswith("#"):
+            print(line, flush=True)
+        elif line.startswith("rate="):
+            rate = None if line == "rate=None" else float(line[len("rate="):])
+    return rate
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workloads", nargs="+", default=["dlrm", "wide"])
@@ -85,26 +125,20 @@ def main():
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (default 30 for dlrm, 20 for wide)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--same-process", action="store_true",
+                        help="run every system in this process")
+    parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "SYSTEM"),
+                        help=argparse.SUPPRESS)     # one measurement, for the parent
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("RECKERAS_BENCH_THREADS", "2")))
+    if args.one:
+        print(f"rate={measure(*args.one, args.batch, args.steps, args.warmup)}", flush=True)
+        return
+    run = measure if args.same_process else measure_in_fresh_process
     results = {}
     for name in args.workloads:
-        workload = WORKLOADS[name]
         steps = args.steps or (30 if name == "dlrm" else 20)
-        batches = make_batches(workload, args.batch, args.warmup + steps)
-        systems = {
-            "reckeras": lambda: run_reckeras(workload, batches, args.warmup, "auto"),
-            "reckeras_pipeline_threads": lambda: run_reckeras(workload, batches,
-                                                              args.warmup, True),
-            "reckeras_no_pipeline": lambda: run_reckeras(workload, batches, args.warmup,
-                                                         False),
-            "plain_pytorch": lambda: baselines.plain_pytorch(workload, batches, args.warmup),
-            "plain_keras": lambda: baselines.plain_keras(workload, batches, args.warmup),
-            "torchrec": lambda: baselines.torchrec(workload, batches, args.warmup),
-        }
-        for system, run in systems.items():
-            measured = run()
-            rate = getattr(measured, "examples_per_s", measured)   # baselines: Measurement
+        for system in SYSTEMS:
+            rate = run(name, system, args.batch, steps, args.warmup)
             results[name, system] = rate
             if rate is None:
                 print(f"{name} {system} skipped (not installed)", flush=True)
@@ -112,7 +146,7 @@ def main():
                 print(f"{name} {system} examples_per_s={rate:.0f}", flush=True)
     for name in args.workloads:
         ours = results[name, "reckeras"]
-        for system in ("plain_pytorch", "plain_keras", "torchrec"):
+        for system in BASELINE_SYSTEMS:
             if results.get((name, system)):
                 print(f"{name} reckeras/{system}={ours / results[name, system]:.2f}")
 
