@@ -207,9 +207,9 @@ class EmbeddingEngine:
     def _one_id_per_bag_layout(self, batch, per_id, device):
         """``_id_layout`` of a batch without sequence features: every slot
         then holds exactly one id per example, so the layout depends on the
-        batch size only and is built once per size (on the wide workload,
-        rebuilding it cost ~5 ms of a ~50 ms step)."""
-        key = (batch, device, any(self.lifecycles))
+        batch size only and is built once per size (rebuilding it for every
+        batch cost ~5 ms of a ~58 ms dlrm training step on CPU)."""
+        key = (batch, device)
         if self._layout_key != key:
             self._layout = self._id_layout(None, batch, per_id,
                                            batch * self.packing.num_slots, device)

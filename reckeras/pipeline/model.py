@@ -273,8 +273,7 @@ class Model(keras.Model):
         encode (validate, hash strings, numpy -> torch), then, when training
         a model with ``host_cached`` tables, load the batch's rows into the
         device caches. With ``pipeline`` (see ``_pipeline_threads``) they run
-        in background threads,
-        ``prefetch_depth`` batches ahead.
+        in background threads, ``prefetch_depth`` batches ahead.
         """
         columns = self.feature_columns
         world = distributed.world()
