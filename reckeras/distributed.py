@@ -11,6 +11,7 @@ others raise ``torch.distributed.DistBackendError`` (a RuntimeError) after
 ``timeout_s`` seconds instead of hanging.
 """
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -72,6 +73,7 @@ def init(timeout_s=None, ranks_per_node=None, hierarchical=None, backend=None):
     if size > 1 and not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        atexit.register(_leave_process_group)
     if dist.is_initialized():
         size, rank = dist.get_world_size(), dist.get_rank()
     else:
@@ -86,6 +88,15 @@ def init(timeout_s=None, ranks_per_node=None, hierarchical=None, backend=None):
         hierarchical = ranks_per_node < size
     _world = World(rank, size, ranks_per_node, bool(hierarchical), float(timeout_s))
     return _world
+
+
+def _leave_process_group():
+    """Destroys the process group ``init`` created, at exit, while the
+    interpreter is still whole: gloo's worker threads can still hold tensors
+    of finished collectives, and freeing them during interpreter finalization
+    aborts the process ("terminate called without an active exception")."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world():
