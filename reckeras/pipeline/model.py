@@ -65,11 +65,13 @@ class Model(keras.Model):
             return None
         flat = [inputs[key] for key in declared.keys]
         device = torch.device(get_device()).type
-        for x, dtype, rank, fixed in zip(flat, declared.dtypes, declared.ranks,
-                                         declared.fixed_sizes):
-            if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.dim() != rank \
-                    or x.device.type != device or any(x.shape[a] != n for a, n in fixed):
-                return None
+        try:
+            signature = [(x.dtype, x.dim(), x.device.type) for x in flat]
+        except AttributeError:               # not torch tensors
+            return None
+        if signature != declared.signature(device) \
+                or any(flat[i].shape[axis] != size for i, axis, size in declared.fixed_sizes):
+            return None
         return flat
 
     def _standardize_inputs(self, inputs):
@@ -527,10 +529,18 @@ class _DeclaredInputs:
 
     def __init__(self, keys, tensors):
         self.keys = keys
-        self.dtypes = [to_torch_dtype(t.dtype) for t in tensors]
-        self.ranks = [len(t.shape) for t in tensors]
-        self.fixed_sizes = [[(axis, size) for axis, size in enumerate(t.shape)
-                             if size is not None] for t in tensors]
+        self._dtypes_and_ranks = [(to_torch_dtype(t.dtype), len(t.shape)) for t in tensors]
+        self._signatures = {}
+        self.fixed_sizes = [(index, axis, size) for index, t in enumerate(tensors)
+                            for axis, size in enumerate(t.shape) if size is not None]
+
+
+    def signature(self, device_type):
+        """``(dtype, rank, device type)`` of every input, in flat order."""
+        if device_type not in self._signatures:
+            self._signatures[device_type] = [(dtype, rank, device_type)
+                                             for dtype, rank in self._dtypes_and_ranks]
+        return self._signatures[device_type]
 
 
 def _declared_inputs(inputs_struct):

@@ -113,3 +113,31 @@ def test_functional_model_save_load(tmp_path):
     loaded = keras.models.load_model(tmp_path / "m.keras")
     np.testing.assert_allclose(loaded.predict(x, verbose=0), expected,
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"activation": "relu", "output_activation": "sigmoid"},
+    {"activation": "tanh", "use_bias": False},
+    {"activation": "gelu", "output_activation": None, "dropout": 0.3},
+])
+def test_fused_call_equals_the_layer_stack(kwargs):
+    # Float32 tensors take the fused path (addmm per layer); the stack of
+    # Keras layers must give the same outputs and the same weight gradients.
+    import torch
+    layer = MLP([16, 8, 3], **kwargs)
+    x = torch.from_numpy(_inputs(batch=32, dim=6, seed=1))
+    layer(x)
+    assert layer._can_fuse(x, training=False)
+    fused = layer(x)
+    stacked = x
+    for sublayer in layer._stack:
+        stacked = sublayer(stacked, training=False)
+    np.testing.assert_allclose(_numpy(fused), _numpy(stacked), rtol=1e-5, atol=1e-6)
+    grads = []
+    for out in (fused, stacked):
+        weights = [w.value for w in layer.trainable_weights]
+        grads.append(torch.autograd.grad(out.square().sum(), weights))
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+    if kwargs.get("dropout"):          # dropout in training needs the stack
+        assert not layer._can_fuse(x, training=True)
