@@ -18,14 +18,20 @@ which a user of a baseline does not get (it made plain Keras ~1.6x faster on
 ``dlrm`` when the baselines shared reckeras's process). ``--same-process``
 runs every system in this process instead, for comparison.
 
-Prints ``<workload> <system> examples_per_s=<n>`` per system and workload,
-then the ratios of reckeras (the default) to each baseline.
+Every system is measured ``--repeats`` times (default 3), the systems taking
+turns, and the median is reported: on a shared machine a single short run
+can be off by a third.
 
-    python benchmarks/throughput.py [--workloads dlrm wide] [--steps 20]
+Prints ``<workload> <system> examples_per_s=<median>`` per system and
+workload (with ``#`` lines listing every run), then the ratios of reckeras
+(the default) to each baseline.
+
+    python benchmarks/throughput.py [--workloads dlrm wide] [--steps 20] [--repeats 3]
 """
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -125,6 +131,8 @@ def main():
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (default 30 for dlrm, 20 for wide)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="measurements per system; the median is reported")
     parser.add_argument("--same-process", action="store_true",
                         help="run every system in this process")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "SYSTEM"),
@@ -137,13 +145,18 @@ def main():
     results = {}
     for name in args.workloads:
         steps = args.steps or (30 if name == "dlrm" else 20)
-        for system in SYSTEMS:
-            rate = run(name, system, args.batch, steps, args.warmup)
-            results[name, system] = rate
-            if rate is None:
+        runs = {system: [] for system in SYSTEMS}
+        for _ in range(args.repeats):            # the systems take turns
+            for system in SYSTEMS:
+                runs[system].append(run(name, system, args.batch, steps, args.warmup))
+        for system, rates in runs.items():
+            if None in rates:
+                results[name, system] = None
                 print(f"{name} {system} skipped (not installed)", flush=True)
-            else:
-                print(f"{name} {system} examples_per_s={rate:.0f}", flush=True)
+                continue
+            results[name, system] = statistics.median(rates)
+            print(f"# {name} {system} runs: " + " ".join(f"{r:.0f}" for r in rates))
+            print(f"{name} {system} examples_per_s={results[name, system]:.0f}", flush=True)
     for name in args.workloads:
         ours = results[name, "reckeras"]
         for system in BASELINE_SYSTEMS:
