@@ -15,7 +15,16 @@ and gradients to the owners (backward).
 
 Both count the bytes they send to other nodes (``internode_bytes``), so the
 two can be compared on the same batches.
+
+A route can be planned *ahead* (``route(..., ahead=True)``): the pipeline's
+sparse-dist stage plans batch i+1's route on its own thread while step i
+runs. Its keys then travel in process groups of their own, because the
+collectives of one group must come in the same order on every rank and step
+i's row and gradient exchanges run meanwhile; rows and gradients always
+travel in the step's groups.
 """
+
+import datetime
 
 import torch
 import torch.distributed as dist
@@ -88,16 +97,17 @@ class FlatRoute:
     """The keys of one batch routed straight to their owners.
 
     ``tags`` (optional, one int64 per key, a function of the key) travel with
-    the keys and arrive as ``owner_tags``.
+    the keys and arrive as ``owner_tags``. Keys travel in ``key_exchange``,
+    rows and gradients in ``exchange`` (the same ranks).
     """
 
-    def __init__(self, exchange, keys, world, tags=None):
+    def __init__(self, key_exchange, exchange, keys, world, tags=None):
         self.exchange = exchange
         self.order, self.send_counts = _by_destination(owner_of(keys, world),
                                                        exchange.size)
-        self.recv_counts = exchange.counts(self.send_counts)
-        received = exchange.send(_with_tags(keys, tags)[self.order], self.send_counts,
-                                 self.recv_counts)
+        self.recv_counts = key_exchange.counts(self.send_counts)
+        received = key_exchange.send(_with_tags(keys, tags)[self.order],
+                                     self.send_counts, self.recv_counts)
         self.owner_keys, self.owner_tags = _split_tags(received, tags)
 
     def rows_to_requesters(self, owner_rows):
@@ -111,10 +121,11 @@ class FlatRoute:
 class HierarchicalRoute:
     """Keys routed inside the node first, deduplicated, then across nodes."""
 
-    def __init__(self, router, keys, tags=None):
-        intra, inter = router.intra, router.inter
+    def __init__(self, router, keys, tags=None, ahead=False):
+        intra, inter = (router.intra_ahead, router.inter_ahead) if ahead \
+            else (router.intra, router.inter)
         owner = owner_of(keys, router.world)
-        self.intra, self.inter = intra, inter
+        self.intra, self.inter = router.intra, router.inter
         self.order_a, self.counts_a = _by_destination(owner % router.local_world,
                                                       intra.size)
         self.recv_a = intra.counts(self.counts_a)
@@ -145,20 +156,29 @@ class HierarchicalRoute:
         return self.inter.send(summed[self.order_b], self.counts_b, self.recv_b)
 
 
+def _new_group(ranks, timeout_s):
+    return dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
+
+
 class FlatRouter:
     """Routes over one all-to-all of all ranks."""
 
-    def __init__(self, world, rank, local_world):
+    def __init__(self, world, rank, local_world, timeout_s):
         node_of = [r // local_world for r in range(world)]
         self.world = world
-        self.exchange = Exchange(None, list(range(world)), rank, node_of, node_of[rank])
+        ranks = list(range(world))
+        self.exchange = Exchange(None, ranks, rank, node_of, node_of[rank])
+        self.ahead = Exchange(_new_group(ranks, timeout_s), ranks, rank, node_of,
+                              node_of[rank])
 
-    def route(self, keys, tags=None):
-        return FlatRoute(self.exchange, keys, self.world, tags)
+    def route(self, keys, tags=None, ahead=False):
+        """The route of ``keys``; ``ahead``: planned beside a running step."""
+        return FlatRoute(self.ahead if ahead else self.exchange, self.exchange, keys,
+                         self.world, tags)
 
     @property
     def internode_bytes(self):
-        return self.exchange.internode_bytes
+        return self.exchange.internode_bytes + self.ahead.internode_bytes
 
 
 class HierarchicalRouter:
@@ -168,29 +188,43 @@ class HierarchicalRouter:
     torchrun numbers them.
     """
 
-    def __init__(self, world, rank, local_world):
+    def __init__(self, world, rank, local_world, timeout_s):
         if world % local_world:
             raise ValueError(f"world size {world} is not a multiple of "
                              f"{local_world} ranks per node")
         self.world, self.local_world = world, local_world
         nodes = world // local_world
         node, local = divmod(rank, local_world)
-        self.intra = self.inter = None
         # Every rank must create every group, in the same order.
-        for n in range(nodes):
-            ranks = [n * local_world + i for i in range(local_world)]
-            group = dist.new_group(ranks) if local_world > 1 else None
-            if n == node:
-                self.intra = Exchange(group, ranks, local, [n] * local_world, node)
-        for i in range(local_world):
-            ranks = [n * local_world + i for n in range(nodes)]
-            group = dist.new_group(ranks) if nodes > 1 else None
-            if i == local:
-                self.inter = Exchange(group, ranks, node, list(range(nodes)), node)
+        self.intra, self.intra_ahead = [
+            self._exchange([node * local_world + i for i in range(local_world)],
+                           local, [node] * local_world, node, timeout_s,
+                           [[n * local_world + i for i in range(local_world)]
+                            for n in range(nodes)])
+            for _ in range(2)]
+        self.inter, self.inter_ahead = [
+            self._exchange([n * local_world + local for n in range(nodes)], node,
+                           list(range(nodes)), node, timeout_s,
+                           [[n * local_world + i for n in range(nodes)]
+                            for i in range(local_world)])
+            for _ in range(2)]
 
-    def route(self, keys, tags=None):
-        return HierarchicalRoute(self, keys, tags)
+    @staticmethod
+    def _exchange(ranks, my_index, node_of_peer, my_node, timeout_s, all_groups):
+        """This rank's Exchange among ``ranks``, creating every group of
+        ``all_groups`` (each rank must create them all, in the same order)."""
+        group = None
+        for members in all_groups:
+            created = _new_group(members, timeout_s) if len(members) > 1 else None
+            if members == ranks:
+                group = created
+        return Exchange(group, ranks, my_index, node_of_peer, my_node)
+
+    def route(self, keys, tags=None, ahead=False):
+        """The route of ``keys``; ``ahead``: planned beside a running step."""
+        return HierarchicalRoute(self, keys, tags, ahead)
 
     @property
     def internode_bytes(self):
-        return self.intra.internode_bytes + self.inter.internode_bytes
+        return sum(e.internode_bytes for e in (self.intra, self.inter, self.intra_ahead,
+                                               self.inter_ahead))

@@ -19,9 +19,17 @@ host rows are mapped to slots of its device cache (``cache.RowCache``), and
 the lookup and the optimizer run on the cache's tensors (on the owner side
 in distributed mode: each rank caches the rows it owns). ``prefetch`` loads a
 later batch's rows into the caches ahead of its step.
+
+With several ranks, ``route_ahead`` plans a coming batch's routes (its keys'
+dedup and their exchange to the owners) beside the running step (the
+pipeline's sparse-dist stage); the step then takes them in order. The keys'
+owners resolve them to rows only in the step, so training is the same either
+way.
 """
 
+import collections
 import contextlib
+import dataclasses
 import functools
 
 import torch
@@ -75,7 +83,8 @@ class EmbeddingEngine:
         self._router = None
         self.world = None
         self.requests = 0      # unique keys this rank's tables served, all batches
-        self._layout_key, self._layout = None, None    # see _one_id_per_bag_layout
+        self._layout = (None, None)    # (key, layout), see _one_id_per_bag_layout
+        self._routed = collections.deque()   # futures of route_ahead, in batch order
 
     def connect(self):
         """Joins the world once: checks that all ranks declare the same tables
@@ -88,7 +97,7 @@ class EmbeddingEngine:
                     repr([(s.name, s.table, s.dim) for s in self.packing.slots]))
                 kind = HierarchicalRouter if self.world.hierarchical else FlatRouter
                 self._router = kind(self.world.size, self.world.rank,
-                                    self.world.ranks_per_node)
+                                    self.world.ranks_per_node, self.world.timeout_s)
         return self._router
 
     def set_optimizer(self, optimizer):
@@ -127,7 +136,9 @@ class EmbeddingEngine:
         """
         plan = self.packing
         batch, slot_ids, per_id = self._slots_of(ids, offsets)
-        keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
+        routed = self._take_routed(ids, offsets, training)
+        keys = routed.keys if routed else \
+            table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         if any(self.caches) and self.connect() is None:
             # Before any row is created or moved: a batch too large for a cache
             # fails whole. (With several ranks the owners check what they receive.)
@@ -143,17 +154,17 @@ class EmbeddingEngine:
                     with cache.lock if cache else contextlib.nullcontext():
                         lifecycle.maybe_evict(self.step)
         outputs = []
-        per_group = self._id_layout(offsets, batch, per_id, ids.numel(), ids.device) \
-            if plan.has_sequences else self._one_id_per_bag_layout(batch, per_id, ids.device)
         for layout, (group, (chosen, group_tags, group_weight, group_destination)) in zip(
-                plan.layouts, enumerate(per_group)):    # one iteration per distinct dim
+                plan.layouts, enumerate(self._group_layout(offsets, batch, per_id, ids))):
+            # One iteration per distinct dim.
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
             if self.connect() is None:
                 storage, rows, pin = self._rows(group, group_keys, group_tags, training)
                 values, unique, unique_index, apply = self._local_rows(storage, rows, pin)
             else:
-                values, unique, unique_index, apply, pin = \
-                    self._remote_rows(group, group_keys, group_tags, training)
+                unique_index, route = routed.routes[group] if routed else \
+                    self._route(group, group_keys, group_tags, training, ahead=False)
+                values, unique, apply, pin = self._remote_rows(group, route, training)
             flat = PooledLookup.apply(
                 self.anchor, values, unique, unique_index, group_destination,
                 group_weight, layout.rows(batch), apply)
@@ -161,6 +172,61 @@ class EmbeddingEngine:
                 pin.release()           # no backward will update the cached rows
             outputs.append(layout.split(flat, batch))
         return outputs
+
+    def route_ahead(self, ids, offsets, training):
+        """Plans the routes of a coming batch (several ranks only).
+
+        Runs on the pipeline's sparse-dist thread while an earlier step runs:
+        dedups the batch's keys per table and sends them to their owners (in
+        process groups of its own). Every rank must plan the same batches in
+        the same order, and the step must look them up in that order (see
+        ``expect_routed``).
+
+        Args:
+            ids: int64 ``[N]`` transformed ids of the coming batch.
+            offsets: int64 ``[S * B + 1]`` its bag offsets.
+            training: whether its lookup trains (lifecycle tags travel).
+
+        Returns:
+            The ``RoutedBatch`` that ``lookup`` of the same batch will use.
+        """
+        if self.connect() is None:
+            raise RuntimeError("route_ahead needs several ranks")
+        batch, slot_ids, per_id = self._slots_of(ids, offsets)
+        keys = table_keys(ids, self.packing.slot_salt.to(ids.device), slot_ids)
+        routes = []
+        for group, (chosen, tags, _, _) in enumerate(
+                self._group_layout(offsets, batch, per_id, ids)):
+            group_keys = keys if chosen is None else keys.index_select(0, chosen)
+            routes.append(self._route(group, group_keys, tags, training, ahead=True))
+        return RoutedBatch(ids, offsets, training, keys, routes)
+
+    def expect_routed(self, routed):
+        """Queues a future of ``route_ahead``: the next lookup takes it."""
+        self._routed.append(routed)
+
+    def clear_routed(self):
+        """Drops routes planned for batches that will not be looked up."""
+        self._routed.clear()
+
+    def _take_routed(self, ids, offsets, training):
+        if not self._routed:
+            return None
+        routed = self._routed.popleft().result()   # re-raises the exchange's error
+        if routed.training != training or not (
+                routed.ids.shape == ids.shape and routed.offsets.shape == offsets.shape
+                and torch.equal(routed.ids, ids) and torch.equal(routed.offsets, offsets)):
+            self.clear_routed()
+            raise RuntimeError(
+                "the embedding lookup received another batch than the one whose "
+                "routes the sparse-dist stage planned: a layer fed by the pipeline "
+                "must look up each batch once, in order")
+        return routed
+
+    def _group_layout(self, offsets, batch, per_id, ids):
+        if self.packing.has_sequences:
+            return self._id_layout(offsets, batch, per_id, ids.numel(), ids.device)
+        return self._one_id_per_bag_layout(batch, per_id, ids.device)
 
     def release_pins(self):
         """Unpins every cached row: lookups whose step failed before its
@@ -210,11 +276,12 @@ class EmbeddingEngine:
         batch size only and is built once per size (rebuilding it for every
         batch cost ~5 ms of a ~58 ms dlrm training step on CPU)."""
         key = (batch, device)
-        if self._layout_key != key:
-            self._layout = self._id_layout(None, batch, per_id,
-                                           batch * self.packing.num_slots, device)
-            self._layout_key = key
-        return self._layout
+        cached_key, layout = self._layout     # one tuple: the stage thread reads it too
+        if cached_key != key:
+            layout = self._id_layout(None, batch, per_id,
+                                     batch * self.packing.num_slots, device)
+            self._layout = (key, layout)
+        return layout
 
     def _slots_of(self, ids, offsets):
         """``(batch, ids per slot, per_id)`` of a packed batch.
@@ -304,11 +371,15 @@ class EmbeddingEngine:
     def _apply_row_grads_dropping_last(self, table, rows, pin, _, grads):
         self._apply_row_grads(table, rows, grads[:-1], pin)
 
-    def _remote_rows(self, group, keys, tags, training):
+    def _route(self, group, keys, tags, training, ahead):
+        """``(unique_index, route)``: the keys deduplicated, and the route of
+        the unique ones to their owners."""
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
         unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \
             if training and self.lifecycles[group] else None
-        route = self._router.route(unique_keys, unique_tags)
+        return unique_index, self._router.route(unique_keys, unique_tags, ahead=ahead)
+
+    def _remote_rows(self, group, route, training):
         if self.caches[group] is not None:
             self.caches[group].check_fits(route.owner_keys, training)
         table, owner_rows, pin = self._rows(group, route.owner_keys, route.owner_tags,
@@ -319,7 +390,7 @@ class EmbeddingEngine:
                                    table.weights[owner_rows.clamp(min=0)], 0.0)
         values = route.rows_to_requesters(owner_values)
         apply = functools.partial(self._apply_remote_grads, table, route, owner_rows, pin)
-        return values, torch.arange(values.shape[0]), unique_index, apply, pin
+        return values, torch.arange(values.shape[0]), apply, pin
 
     def _apply_remote_grads(self, table, route, owner_rows, pin, _, grads):
         owner_grads = route.grads_to_owners(grads) / self.world.size
@@ -349,6 +420,18 @@ class EmbeddingEngine:
                 entry["cache"] = cache.stats()
             tables.append(entry)
         return {"requests": self.requests, "tables": tables}
+
+
+@dataclasses.dataclass
+class RoutedBatch:
+    """A batch's keys and, per physical table, ``(unique_index, route)``,
+    planned by ``EmbeddingEngine.route_ahead``."""
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    training: bool
+    keys: torch.Tensor
+    routes: list
 
 
 class _RowUpdate:

@@ -20,6 +20,7 @@ from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
 from reckeras.pipeline.batches import as_data, to_tensors
 from reckeras.pipeline.prefetch import Pipeline
+from reckeras.pipeline.sparse_dist import SparseDist
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -267,15 +268,17 @@ class Model(keras.Model):
 
     # ---- loops -----------------------------------------------------------------------
 
-    def _batches(self, data, batch_size, with_label, shuffle=False, seed=0,
+    def _batches(self, data, batch_size, with_label, steps, shuffle=False, seed=0,
                  sample_weight=None, pipeline="auto", prefetch_depth=2, training=False):
-        """The pipeline of ``(rows, (inputs, labels, weights))`` batches.
+        """The ``_Batches`` stream of ``(rows, (inputs, labels, weights))``.
 
         Stages (see ``prefetch.Pipeline``): read this rank's shard, then
         encode (validate, hash strings, numpy -> torch), then, when training
         a model with ``host_cached`` tables, load the batch's rows into the
         device caches. With ``pipeline`` (see ``_pipeline_threads``) they run
-        in background threads, ``prefetch_depth`` batches ahead.
+        in background threads, ``prefetch_depth`` batches ahead, and with
+        several ranks the sparse-dist stage exchanges the next batch's ids
+        while a step runs (``sparse_dist.SparseDist``).
         """
         columns = self.feature_columns
         world = distributed.world()
@@ -287,7 +290,8 @@ class Model(keras.Model):
                                               sample_weight)
 
         stages = [("encode", encode)]
-        cached = self._cached_engines() if training else []
+        fed = self._engines_fed_by_columns()
+        cached = [engine for engine in fed if any(engine.caches)] if training else []
         if cached:
             def cache_rows(item):
                 # The same ids the step will look up: the transforms of the
@@ -298,15 +302,19 @@ class Model(keras.Model):
                 return item
 
             stages.append(("cache_prefetch", cache_rows))
-        return Pipeline(source, stages, depth=prefetch_depth,
-                        threads=_pipeline_threads(pipeline))
+        threads = _pipeline_threads(pipeline)
+        sparse_dist = SparseDist(fed, columns.plan.packed_sparse, training) \
+            if threads and fed and world.size > 1 else None
+        return _Batches(Pipeline(source, stages, depth=prefetch_depth, threads=threads),
+                        steps, sparse_dist)
 
-    def _cached_engines(self):
-        """Engines with ``host_cached`` tables fed straight by FeatureColumns."""
+    def _engines_fed_by_columns(self):
+        """Engines of the layers that look up the FeatureColumns' packed
+        batch itself, once per step: the stages can work on their ids ahead."""
         slots = [s.name for s in self.feature_columns.plan.slots]
         return [layer.engine for layer in self.embedding_layers
-                if any(layer.engine.caches)
-                and [s.name for s in layer.packing.slots] == slots]
+                if [s.name for s in layer.packing.slots] == slots
+                and len(layer._inbound_nodes) == 1]
 
     def _num_steps(self, data, batch_size, limit=None):
         """Steps every rank can take (collectives need the same count)."""
@@ -390,11 +398,11 @@ class Model(keras.Model):
             bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
                        disable=not verbose, leave=True)
             examples, started, step_s = 0, time.perf_counter(), 0.0
-            batches = self._batches(data, batch_size, True, shuffle, seed + epoch,
+            batches = self._batches(data, batch_size, True, steps, shuffle, seed + epoch,
                                     sample_weight, pipeline, prefetch_depth,
                                     training=True)
             with batches as items:
-                for step, (rows, batch) in enumerate(itertools.islice(items, steps)):
+                for step, (rows, batch) in enumerate(items):
                     callback_list.on_train_batch_begin(step)
                     step_started = time.perf_counter()
                     logs = self.train_step(batch)
@@ -428,7 +436,7 @@ class Model(keras.Model):
     def _record_pipeline_stats(self, batches, step_s, examples, seconds):
         """Adds one epoch's figures to ``self.pipeline_stats``."""
         epoch = batches.stats()
-        epoch["step"] = {"items": batches.stages[-1].items, "busy_s": round(step_s, 4)}
+        epoch["step"] = {"items": batches.items, "busy_s": round(step_s, 4)}
         epoch["examples"] = examples
         epoch["wall_s"] = round(seconds, 4)
         totals = self.pipeline_stats
@@ -474,10 +482,10 @@ class Model(keras.Model):
         self.reset_metrics()
         callback_list.on_test_begin()
         logs = {}
-        with torch.no_grad(), self._batches(data, batch_size, True,
+        with torch.no_grad(), self._batches(data, batch_size, True, total,
                                             sample_weight=sample_weight) as items:
             for step, (_, batch) in enumerate(tqdm(
-                    itertools.islice(items, total), total=total, desc="Evaluate",
+                    items, total=total, desc="Evaluate",
                     unit="step", disable=not verbose)):
                 callback_list.on_test_batch_begin(step)
                 logs = self.test_step(batch)
@@ -502,14 +510,55 @@ class Model(keras.Model):
         data = as_data(x)
         total = self._num_steps(data, batch_size, steps)
         outputs = []
-        with torch.no_grad(), self._batches(data, batch_size, False) as items:
-            for inputs, _, _ in tqdm((batch for _, batch in itertools.islice(items, total)),
+        with torch.no_grad(), self._batches(data, batch_size, False, total) as items:
+            for inputs, _, _ in tqdm((batch for _, batch in items),
                                      total=total, desc="Predict", unit="step",
                                      disable=not verbose):
                 outputs.append(keras.ops.convert_to_numpy(self(inputs, training=False)))
         if not outputs:
             raise ValueError("predict() received no data")
         return np.concatenate(outputs)
+
+
+class _Batches:
+    """A fit/evaluate/predict loop's batches: the host pipeline, capped at the
+    steps every rank takes, then (with several ranks) the sparse-dist stage.
+
+    The cap comes before the sparse-dist stage: that stage's key exchanges
+    are collectives, so every rank must submit exactly the same batches.
+    """
+
+    def __init__(self, pipeline, steps, sparse_dist):
+        self.pipeline, self.steps, self.sparse_dist = pipeline, steps, sparse_dist
+        self.items = 0
+
+    @property
+    def threads(self):
+        return self.pipeline.threads
+
+    def __enter__(self):
+        items = self._counted(itertools.islice(self.pipeline.__enter__(), self.steps))
+        return self.sparse_dist.ahead(items) if self.sparse_dist else items
+
+    def _counted(self, items):
+        for item in items:
+            self.items += 1
+            yield item
+
+    def __exit__(self, *exc):
+        try:
+            if self.sparse_dist:
+                self.sparse_dist.close()
+        finally:
+            self.pipeline.close()
+        return False
+
+    def stats(self):
+        """The pipeline's stats, plus the sparse-dist stage's when it ran."""
+        stats = self.pipeline.stats()
+        if self.sparse_dist:
+            stats[self.sparse_dist.name] = self.sparse_dist.stats()
+        return stats
 
 
 def _pipeline_threads(pipeline):

@@ -122,3 +122,31 @@ def test_unpooled_sequences_land_in_their_own_region():
     sequences["hist"].backward(torch.ones(2, 3, 2))
     torch.testing.assert_close(row_of(engine, "item", 2), before[2] - 1.0)
     torch.testing.assert_close(row_of(engine, "item", 1), before[1])
+
+
+def test_routes_planned_for_another_batch_are_refused():
+    from concurrent.futures import Future
+
+    from reckeras.embedding.engine import RoutedBatch
+    specs = [rk.features.Categorical("a", dim=2)]
+    plan, engine = make_engine(specs)
+    planned = plan.packed_sparse({"a": torch.tensor([1, 2])})
+    looked_up = plan.packed_sparse({"a": torch.tensor([1, 3])})
+    future = Future()
+    future.set_result(RoutedBatch(planned["ids"], planned["offsets"], True,
+                                  planned["ids"], []))
+    engine.expect_routed(future)
+    try:
+        engine.lookup(looked_up["ids"], looked_up["offsets"], training=True)
+    except RuntimeError as error:
+        assert "sparse-dist stage" in str(error)
+    else:
+        raise AssertionError("a route planned for another batch was used")
+    assert engine.tables[0].num_rows == 0          # refused before any row exists
+    # route_ahead plans exchanges between ranks: one process has none to plan.
+    try:
+        engine.route_ahead(planned["ids"], planned["offsets"], True)
+    except RuntimeError as error:
+        assert "several ranks" in str(error)
+    else:
+        raise AssertionError("route_ahead ran in one process")

@@ -1,0 +1,95 @@
+"""The sparse-dist stage: batch i+1's id exchange runs while step i computes.
+
+With several ranks, a training step's embedding lookup first deduplicates the
+batch's keys and sends them to the ranks that own them (``comm``), and only
+then can the owners return rows. That key exchange depends on the data alone,
+so this stage does it one batch ahead, on a thread of its own, while the main
+thread runs the current step (TorchRec calls it the sparse-dist pipeline).
+
+Every rank must exchange the same batches in the same order. So the stage is
+driven from the main thread, which is in lockstep across ranks: before it
+hands batch i to the step it submits batch i+1 to the stage's single worker
+(``SparseDist.ahead``). Rows are still read and created by the owners inside
+the step, so the result equals that of the lookup routing its own keys (DESIGN
+invariant 3).
+"""
+
+import concurrent.futures
+import time
+
+
+class SparseDist:
+    """Plans the embedding routes of the next batch beside the running step.
+
+    Args:
+        engines: the ``EmbeddingEngine`` of every layer fed straight by the
+            model's FeatureColumns, once per step.
+        pack: maps a batch's model inputs to the packed sparse batch
+            (``{"ids", "offsets"}``) those layers will look up.
+        training: whether the batches are training batches.
+
+    Example:
+        >>> with SparseDist(engines, columns.plan.packed_sparse, True) as stage:
+        ...     for inputs, labels, weights in stage.ahead(batches):
+        ...         model.train_step((inputs, labels, weights))
+    """
+
+    name = "sparse_dist"
+
+    def __init__(self, engines, pack, training):
+        self.engines = engines
+        self.pack = pack
+        self.training = training
+        self.items = 0
+        self.busy_s = 0.0
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="reckeras-sparse-dist")
+        self._pending = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def ahead(self, items):
+        """Yields ``items`` (``(rows, (inputs, labels, weights))``) in order,
+        each after the routes of the one that follows it were submitted."""
+        iterator = iter(items)
+        current = next(iterator, None)
+        if current is None:
+            return
+        self._submit(current)
+        for following in iterator:
+            self._submit(following)
+            yield current
+            current = following
+        yield current
+
+    def _submit(self, item):
+        inputs = item[1][0]
+        for engine in self.engines:
+            future = self._pool.submit(self._route, engine, inputs)
+            self._pending.append(future)
+            engine.expect_routed(future)
+        self._pending = [f for f in self._pending if not f.done()]
+
+    def _route(self, engine, inputs):
+        started = time.perf_counter()
+        sparse = self.pack(inputs)
+        routed = engine.route_ahead(sparse["ids"], sparse["offsets"], self.training)
+        self.busy_s += time.perf_counter() - started
+        self.items += 1
+        return routed
+
+    def close(self):
+        """Waits for the exchanges already submitted (every rank submitted
+        the same ones, so they complete) and forgets their routes."""
+        concurrent.futures.wait(self._pending)
+        self._pool.shutdown(wait=True)
+        for engine in self.engines:
+            engine.clear_routed()
+
+    def stats(self):
+        return {"items": self.items, "busy_s": round(self.busy_s, 4)}
