@@ -366,9 +366,9 @@ class Model(keras.Model):
                 ``False`` inline before each step; the result is the same
                 either way. ``"auto"`` uses threads when they have a core of
                 their own: on a GPU, or when the process may use more cores
-                than torch's intra-op threads (on a CPU whose every core
-                runs the step's math, a stage thread only slows the step;
-                see ``docs/pipeline.md``).
+                than torch's intra-op threads of all ranks on this machine
+                (on a CPU whose every core runs the step's math, a stage
+                thread only slows the step; see ``docs/pipeline.md``).
             prefetch_depth: batches each pipeline stage may run ahead.
 
         Returns:
@@ -569,7 +569,10 @@ def _pipeline_threads(pipeline):
         raise ValueError(f"pipeline must be True, False or 'auto', got {pipeline!r}")
     if torch.device(get_device()).type == "cuda":
         return True                      # the step's math runs on the GPU
-    return len(os.sched_getaffinity(0)) > torch.get_num_threads()
+    # Under torchrun the ranks of this machine share its cores (torchrun
+    # usually gives each rank one torch thread), so count all of their threads.
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return len(os.sched_getaffinity(0)) > torch.get_num_threads() * ranks_here
 
 
 class _DeclaredInputs:

@@ -222,6 +222,10 @@ def test_auto_pipeline_uses_threads_only_with_a_spare_core(monkeypatch):
     assert model_module._pipeline_threads("auto") is False
     monkeypatch.setattr(model_module.torch, "get_num_threads", lambda: 1)
     assert model_module._pipeline_threads("auto") is True
+    # Two torchrun ranks of one thread each already use both cores.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert model_module._pipeline_threads("auto") is False
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert model_module._pipeline_threads(False) is False
     model = build()
     model.fit(synthetic(600), batch_size=200, verbose=0)
