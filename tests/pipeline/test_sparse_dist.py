@@ -1,7 +1,7 @@
 """SparseDist's schedule: batch i+1 is submitted before batch i is handed to
 the step, nothing beyond the last batch is submitted, errors reach the step,
 and close() forgets routes that no step will take. (Exactness on real ranks:
-tests/distributed/test_sparse_dist.py.)"""
+tests/distributed/test_sparse_dist_on_ranks.py.)"""
 
 import threading
 
