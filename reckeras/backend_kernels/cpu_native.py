@@ -25,7 +25,10 @@ from pathlib import Path
 import torch
 
 _SOURCE = Path(__file__).with_name("cpu_native.c")
-_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu99", "-pthread"]
+_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu99"]
+# OpenMP puts the parallel loops on torch's own threads (see cpu_native.c);
+# a compiler without it builds the same loops single-threaded.
+_PARALLEL_FLAGS = [["-fopenmp"], []]
 _lock = threading.Lock()
 _library = None
 _failed = False
@@ -50,18 +53,30 @@ def _cache_dir():
                                Path.home() / ".cache" / "reckeras"))
 
 
-def _compile():
+def _build(flags):
+    """The compiled library for ``flags`` (built once into the cache dir)."""
     source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     target = _cache_dir() / f"cpu_native-{digest}-{sys.platform}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         compiler = os.environ.get("CC", "cc")
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(built), "-lm"],
+            subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(built), "-lm"],
                            check=True, capture_output=True, timeout=120)
             os.replace(built, target)      # atomic: concurrent builders agree
+    return target
+
+
+def _compile():
+    for extra in _PARALLEL_FLAGS:
+        try:
+            target = _build(_FLAGS + extra)
+            break
+        except (OSError, subprocess.SubprocessError):
+            if extra == _PARALLEL_FLAGS[-1]:
+                raise
     library = ctypes.CDLL(str(target))
     for name, (restype, argtypes) in _SIGNATURES.items():
         function = getattr(library, name)
