@@ -79,6 +79,34 @@ void rk_table_keys(const int64_t *ids, const int64_t *salt, const int64_t *slot_
     parallel_ranges(threads, n, n, table_keys_range, &a);
 }
 
+/* out[i, j] = (float)((2 * u - 1) * scale) with u the top 53 bits of
+ * mix64(mix64(keys[i] ^ seed_mix) + j) over 2^53, as hashing.initial_rows
+ * computes it, with seed_mix = mix64(seed). */
+struct initial_rows_args {
+    const int64_t *keys;
+    int64_t dim;
+    uint64_t seed_mix;
+    double scale;
+    float *out;
+};
+
+static void initial_rows_range(void *context, int64_t start, int64_t end) {
+    struct initial_rows_args *a = (struct initial_rows_args *)context;
+    for (int64_t i = start; i < end; i++) {
+        uint64_t base = mix64((uint64_t)a->keys[i] ^ a->seed_mix);
+        for (int64_t j = 0; j < a->dim; j++) {
+            double unit = (double)(mix64(base + (uint64_t)j) >> 11) * 0x1p-53;
+            a->out[i * a->dim + j] = (float)((2.0 * unit - 1.0) * a->scale);
+        }
+    }
+}
+
+void rk_initial_rows(const int64_t *keys, int64_t n, int64_t dim, int64_t seed,
+                     double scale, float *out, int threads) {
+    struct initial_rows_args a = {keys, dim, mix64((uint64_t)seed), scale, out};
+    parallel_ranges(threads, n, n * dim, initial_rows_range, &a);
+}
+
 /* A key's home slot: the top log2(capacity) bits of key * GOLDEN
  * (Fibonacci hashing), as hash_table._home computes it. ``shift`` is
  * 64 - log2(capacity); a capacity of 1 has every key at slot 0. */

@@ -38,6 +38,7 @@ _PTR = ctypes.c_void_p
 _INT = ctypes.c_int
 _SIGNATURES = {      # the last int of the parallel kernels is the thread count
     "rk_table_keys": (None, [_PTR, _PTR, _PTR, _I64, _PTR, _INT]),
+    "rk_initial_rows": (None, [_PTR, _I64, _I64, _I64, ctypes.c_double, _PTR, _INT]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
     "rk_pool_forward": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64,
                                _INT]),
@@ -130,6 +131,13 @@ def table_keys(ids, salt, slot_counts):
     library().rk_table_keys(_p(ids), _p(salt), _p(slot_counts), slot_counts.numel(),
                             _p(keys), _threads())
     return keys
+
+
+def initial_rows(keys, dim, scale, seed):
+    out = torch.empty(keys.numel(), dim, dtype=torch.float32)
+    library().rk_initial_rows(_p(keys), keys.numel(), dim, seed, float(scale), _p(out),
+                              _threads())
+    return out
 
 
 def find_or_insert(slot_keys, slot_rows, keys, num_rows, insert=True):

@@ -10,6 +10,10 @@ give bit-identical results on any device:
   then the sign bit cleared, so string ids become non-negative int64 ids.
 * ``hash_combine(a, b)``: ``mix64(a * K + b)`` folded left over 2-3 columns;
   used for feature crosses.
+* ``initial_rows(keys, dim, scale, seed)``: a new embedding row's initial
+  values, uniform in ``[-scale, scale]`` and a function of its key and the
+  seed only (``mix64`` of the key, the seed and the column, the top 53 bits
+  as a double in [0, 1)), so any rank creates a row with the same values.
 
 ``mix64``, ``hash_combine`` and ``hash_bytes`` run one Triton kernel on CUDA
 tensors and the torch reference elsewhere.
@@ -56,6 +60,14 @@ def mix64_reference(x: torch.Tensor) -> torch.Tensor:
     z *= MIX_2
     xor_shift(31)
     return z
+
+
+def initial_rows_reference(keys: torch.Tensor, dim: int, scale: float,
+                           seed: int) -> torch.Tensor:
+    base = mix64(keys ^ mix64(torch.tensor(seed, dtype=torch.int64)))
+    bits = mix64(base.unsqueeze(1) + torch.arange(dim, device=keys.device))
+    unit = _shr(bits, 11).double() * 2.0 ** -53
+    return ((2.0 * unit - 1.0) * scale).float()
 
 
 def hash_combine_reference(columns: torch.Tensor) -> torch.Tensor:
@@ -186,6 +198,14 @@ def table_keys(ids: torch.Tensor, salt: torch.Tensor,
     keys = mix64(ids)
     keys ^= salt.repeat_interleave(slot_counts, output_size=ids.numel())
     return keys
+
+
+def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch.Tensor:
+    """Initial values ``[n, dim]`` (float32) of new rows with int64 ``keys``."""
+    if use_native(keys):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.initial_rows(keys, dim, scale, seed)
+    return initial_rows_reference(keys, dim, scale, seed)
 
 
 def hash_combine(columns: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,7 @@ import numpy as np
 import torch
 
 from reckeras.backend_kernels import hash_table
-from reckeras.backend_kernels.hashing import _shr, mix64
-
-_UNIT = 2.0 ** -53
+from reckeras.backend_kernels.hashing import initial_rows
 
 
 def available_host_bytes():
@@ -32,14 +30,6 @@ def available_host_bytes():
     except OSError:
         pass
     return None
-
-
-def initial_rows(keys, dim, scale, seed):
-    """Uniform(-scale, scale) ``[n, dim]`` rows derived from ``keys``."""
-    base = mix64(keys ^ mix64(torch.tensor(seed, dtype=torch.int64)))
-    bits = mix64(base.unsqueeze(1) + torch.arange(dim, device=keys.device))
-    unit = _shr(bits, 11).double() * _UNIT
-    return ((2.0 * unit - 1.0) * scale).float()
 
 
 class PhysicalTable:
@@ -139,10 +129,10 @@ class PhysicalTable:
         rows.index_copy_(0, absent, new_rows)
         if after > before:
             self._grow_rows(after)
-            created = torch.zeros(after - before, dtype=torch.int64, device=self.device)
-            # Every new row's key: scatter from the ids that resolved to it.
-            fresh = rows >= before
-            created[rows[fresh] - before] = keys[fresh]
+            # Every new row's key, from the absent ids that resolved to it (all
+            # of them resolved to new rows: they were absent).
+            created = torch.empty(after - before, dtype=torch.int64, device=self.device)
+            created[new_rows - before] = new_keys
             self.keys[before:after] = created
             self.weights[before:after] = initial_rows(created, self.dim,
                                                       self.init_scale, self.seed)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reckeras.backend_kernels import cpu_native, hash_table
-from reckeras.backend_kernels.hashing import mix64_reference
+from reckeras.backend_kernels.hashing import initial_rows_reference, mix64_reference
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(),
                                 reason="no C compiler: native kernels unavailable")
@@ -24,6 +24,15 @@ def test_table_keys(ids, counts):
     salt = torch.randint(-(2**62), 2**62, (counts.numel(),))
     expected = mix64_reference(ids) ^ salt.repeat_interleave(counts)
     assert torch.equal(cpu_native.table_keys(ids, salt, counts), expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300),
+       st.integers(1, 33), st.floats(1e-4, 10.0), st.integers(-(2**63), 2**63 - 1))
+def test_initial_rows_bitwise(keys, dim, scale, seed):
+    keys = torch.tensor(keys + EXTREMES, dtype=torch.int64)
+    expected = initial_rows_reference(keys, dim, scale, seed)
+    assert torch.equal(cpu_native.initial_rows(keys, dim, scale, seed), expected)
 
 
 @settings(max_examples=30, deadline=None)
@@ -149,6 +158,7 @@ def test_results_do_not_depend_on_the_thread_count(threads):
         cpu_native.apply_update("adagrad", table, state, unique, grads, 0.1, 1e-8)
         results[count] = (
             cpu_native.table_keys(ids, salt, counts),
+            cpu_native.initial_rows(ids[:50_000], dim, 0.05, 7),
             cpu_native.find_or_insert(slot_keys, slot_rows, keys, n, insert=False)[0],
             cpu_native.pool_forward(weights, unique, unique_index, destination,
                                     id_weight, slots),
@@ -157,5 +167,5 @@ def test_results_do_not_depend_on_the_thread_count(threads):
         for one, many in zip(results[1], results[count]):
             assert torch.equal(one, many)
     # And the found rows are right: the first half was inserted, the rest is absent.
-    found = results[1][1]
+    found = results[1][2]
     assert bool((found[: n // 2] >= 0).all())

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from reckeras.embedding.table import PhysicalTable, initial_rows
+from reckeras.backend_kernels.hashing import initial_rows
+from reckeras.embedding.table import PhysicalTable
 
 
 def test_rows_created_on_first_sight_and_stable():
