@@ -204,6 +204,9 @@ def test_tensor_inputs_fast_path_matches_keras_path():
     assert model._inputs_as_declared(arrays) is None
     expected = model(arrays).detach().numpy()
     np.testing.assert_array_equal(model(tensors).detach().numpy(), expected)
+    # The loops' forward (no Keras __call__ for the model and its columns).
+    np.testing.assert_array_equal(
+        model._forward(tensors, training=False).detach().numpy(), expected)
     # Swapping two inputs changes the output: each one reaches its own feature.
     swapped = {**tensors, "z_num": tensors["a_num"], "a_num": tensors["z_num"]}
     assert not np.allclose(model(swapped).detach().numpy(), expected)
@@ -232,3 +235,32 @@ def test_auto_pipeline_uses_threads_only_with_a_spare_core(monkeypatch):
     assert model.pipeline_stats["threads"] is True
     with pytest.raises(ValueError, match="pipeline must be"):
         model.fit(synthetic(600), batch_size=200, verbose=0, pipeline="yes")
+
+
+def test_loop_forward_keeps_layer_losses_and_training_flag():
+    # The loops run the graph without the model's Layer.__call__: losses
+    # added by layers must still be cleared per call, not pile up, and
+    # ``training`` must still reach layers that read it (dropout).
+    keras.utils.set_random_seed(5)
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=4)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
+    joined = keras.layers.Concatenate()([dense, embedded])
+    hidden = keras.layers.Dense(8, activity_regularizer="l2")(joined)
+    output = keras.layers.Dense(1)(keras.layers.Dropout(0.5)(hidden))
+    model = rk.Model(inputs, output)
+    data = synthetic(16)
+    tensors, _, _ = to_tensors(columns, data.drop(["b", "label"]), None, with_label=False)
+    assert model._inputs_as_declared(tensors) is not None
+    keras_path = model(tensors, training=False)
+    keras_losses = [float(loss) for loss in model.losses]
+    for _ in range(3):
+        loop_path = model._forward(tensors, training=False)
+        assert [float(loss) for loss in model.losses] == keras_losses
+    np.testing.assert_array_equal(loop_path.detach().numpy(),
+                                  keras_path.detach().numpy())
+    dropped = model._forward(tensors, training=True)      # dropout active
+    assert not np.array_equal(dropped.detach().numpy(), keras_path.detach().numpy())
+    assert len(model.losses) == 1
