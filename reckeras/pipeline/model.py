@@ -510,7 +510,8 @@ class Model(keras.Model):
             totals["embedding_cache"] = caches
 
     def evaluate(self, x=None, y=None, batch_size=4096, verbose=1, return_dict=False,
-                 steps=None, callbacks=None, sample_weight=None):
+                 steps=None, callbacks=None, sample_weight=None, pipeline="auto",
+                 prefetch_depth=2):
         """Loss and metrics on data, like ``keras.Model.evaluate``.
 
         Args:
@@ -521,6 +522,7 @@ class Model(keras.Model):
             steps: stop after this many steps.
             callbacks: Keras callbacks (test hooks are called).
             sample_weight: name of a column of per-example loss weights.
+            pipeline, prefetch_depth: as in ``fit``.
         """
         data = as_data(x, y)
         total = self._num_steps(data, batch_size, steps)
@@ -531,7 +533,8 @@ class Model(keras.Model):
         callback_list.on_test_begin()
         logs = {}
         with torch.no_grad(), self._batches(data, batch_size, True, total,
-                                            sample_weight=sample_weight) as items:
+                                            sample_weight=sample_weight, pipeline=pipeline,
+                                            prefetch_depth=prefetch_depth) as items:
             for step, (_, batch) in enumerate(tqdm(
                     items, total=total, desc="Evaluate",
                     unit="step", disable=not verbose)):
@@ -545,7 +548,8 @@ class Model(keras.Model):
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
-    def predict(self, x, batch_size=4096, verbose=0, steps=None, callbacks=None):
+    def predict(self, x, batch_size=4096, verbose=0, steps=None, callbacks=None,
+                pipeline="auto", prefetch_depth=2):
         """Model outputs for every example of ``x``, as numpy.
 
         Args:
@@ -554,11 +558,14 @@ class Model(keras.Model):
             verbose: 0 silent, 1 a progress bar.
             steps: stop after this many steps.
             callbacks: unused by reckeras; accepted for Keras compatibility.
+            pipeline, prefetch_depth: as in ``fit``.
         """
         data = as_data(x)
         total = self._num_steps(data, batch_size, steps)
         outputs = []
-        with torch.no_grad(), self._batches(data, batch_size, False, total) as items:
+        with torch.no_grad(), self._batches(data, batch_size, False, total,
+                                            pipeline=pipeline,
+                                            prefetch_depth=prefetch_depth) as items:
             for inputs, _, _ in tqdm((batch for _, batch in items),
                                      total=total, desc="Predict", unit="step",
                                      disable=not verbose):

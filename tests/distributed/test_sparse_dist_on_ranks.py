@@ -1,6 +1,6 @@
 """The sparse-dist stage (next batch's id exchange beside the running step)
-changes nothing: pipelined fit on several ranks equals the same stages run one
-after another, bit for bit (DESIGN invariant 3)."""
+changes nothing: pipelined fit, evaluate and predict on several ranks equal
+the same stages run one after another, bit for bit (DESIGN invariant 3)."""
 
 import json
 
@@ -35,3 +35,6 @@ def test_pipelined_equals_sequential(tmp_path, nproc, env):
     # One planned route per training step, every epoch.
     assert stats["sparse_dist"]["items"] == steps
     assert "sparse_dist" not in sequential_stats
+    # predict() (and evaluate(): the metric_* arrays above) agree too.
+    assert stats["predictions"] == sequential_stats["predictions"]
+    assert len(stats["predictions"]) == 128 // nproc

@@ -82,10 +82,12 @@ def _flatten_tables(tables):
 
 def save_all(m, path):
     """Gathers tables on every rank (collective), rank 0 writes them with the
-    evaluation metrics (reduced over all ranks)."""
+    evaluation metrics (reduced over all ranks; evaluated with the pipeline
+    that RK_TEST_PIPELINE=0|1 sets, else "auto")."""
     tables = gathered_tables(m)
+    pipeline = {"0": False, "1": True}.get(os.environ.get("RK_TEST_PIPELINE"), "auto")
     logs = m.evaluate(data(), batch_size=GLOBAL_BATCH // distributed.world().size,
-                      verbose=0, return_dict=True)
+                      verbose=0, return_dict=True, pipeline=pipeline)
     if distributed.world().rank == 0:
         np.savez(path, **{f"dense{i}": w.numpy() for i, w in enumerate(m.weights)},
                  **_flatten_tables(tables),
