@@ -5,7 +5,10 @@ which on a CPU means one pass over memory per op (a hash alone is a dozen).
 These kernels do each operation in one pass, the way fbgemm's CPU kernels
 serve TorchRec, split over torch's intra-op threads (``torch.get_num_threads``)
 where the iterations write disjoint memory; the result does not depend on the
-thread count. They are compiled on first use with the system C
+thread count. The threads are torch's own OpenMP pool (see cpu_native.c), so
+what holds for torch's CPU ops holds here: a process forked after they ran
+must not run them (GNU OpenMP's pool does not survive ``fork``; use the
+``spawn`` start method, as torchrun and ``torch.multiprocessing.spawn`` do). They are compiled on first use with the system C
 compiler (``cc -O3``, about a second) into a cache directory
 (``RECKERAS_CACHE_DIR`` or ``~/.cache/reckeras``). Without a compiler, or with
 ``RECKERAS_NATIVE=0``, ``available()`` is False and the library keeps using
