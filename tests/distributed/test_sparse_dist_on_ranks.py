@@ -18,6 +18,7 @@ def load(path):
 @pytest.mark.parametrize("nproc, env", [
     (2, {}),
     (4, {"RECKERAS_RANKS_PER_NODE": "2", "RK_TEST_LIFECYCLE": "1"}),  # hierarchical
+    (2, {"RK_TEST_CACHE": "lru"}),      # host_cached tables: cache_prefetch runs too
 ])
 def test_pipelined_equals_sequential(tmp_path, nproc, env):
     torchrun("train.py", nproc, tmp_path / "seq.npz", 2, env={**env, "RK_TEST_PIPELINE": "0"})
