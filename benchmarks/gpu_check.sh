@@ -2,7 +2,8 @@
 # Every GPU check of the sparse front end, in under 5 minutes on one GPU:
 #   1. the kernel tests with the real (compiled) Triton kernels on CUDA
 #      tensors, against the torch references on CPU;
-#   2. benchmarks/kernels.py on the GPU: kernel bandwidth against the device
+#   2. fit on the GPU with the pipeline's h2d stage against inline stages;
+#   3. benchmarks/kernels.py on the GPU: kernel bandwidth against the device
 #      peak, and the fused step against the per-feature loop on the same GPU.
 # Usage: benchmarks/gpu_check.sh   (PYTHON=... to pick the interpreter)
 set -euo pipefail
@@ -16,5 +17,8 @@ start=$SECONDS
 timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -x tests/backend_kernels \
     tests/test_optimizers.py
 echo "kernel tests: $((SECONDS - start)) s"
+# fit on the GPU: the h2d stage (pinned memory, copy stream) against inline.
+timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider -x tests/pipeline/test_device_copy.py
+echo "pipeline tests: $((SECONDS - start)) s"
 timeout 90 "$PYTHON" benchmarks/kernels.py --device cuda --steps 20 --warmup 4
 echo "gpu_check: $((SECONDS - start)) s"

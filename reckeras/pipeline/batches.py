@@ -74,17 +74,27 @@ def _column_values(batch, name, role):
     return column
 
 
-def to_tensors(columns, batch, label, with_label, weight_column=None):
+def to_tensors(columns, batch, label, with_label, weight_column=None, device=None):
     """``(inputs, labels, weights)`` torch tensors of one raw batch.
 
     ``labels`` is None when ``with_label`` is false, ``weights`` when there
-    is no ``weight_column``.
+    is no ``weight_column``. The tensors are on ``device`` (default: Keras's
+    device); the pipeline keeps them on the host and copies them in its h2d
+    stage (``device_copy``).
     """
-    device = torch.device(get_device())
+    device = torch.device(device or get_device())
+    inputs, labels, weights = _host_tensors(columns, batch, label, with_label,
+                                            weight_column)
+    if device.type == "cpu":
+        return inputs, labels, weights
+    return ({name: value.to(device) for name, value in inputs.items()},
+            None if labels is None else labels.to(device),
+            None if weights is None else weights.to(device))
+
+
+def _host_tensors(columns, batch, label, with_label, weight_column):
     inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
               for name, value in columns.encode(batch).items()}
-    if device.type != "cpu":
-        inputs = {name: value.to(device) for name, value in inputs.items()}
     weights = None
     if weight_column is not None:
         column = _column_values(batch, weight_column, "sample weight")
@@ -92,7 +102,7 @@ def to_tensors(columns, batch, label, with_label, weight_column=None):
         if not np.isfinite(weights).all() or (weights < 0).any():
             raise FeatureInputError(f"sample weight column {weight_column!r} must be "
                                     f"finite and non-negative")
-        weights = torch.from_numpy(weights.copy()).to(get_device())
+        weights = torch.from_numpy(weights.copy())
     if not with_label:
         return inputs, None, weights
     column = _column_values(batch, label, "label")
@@ -105,4 +115,4 @@ def to_tensors(columns, batch, label, with_label, weight_column=None):
         y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
     if not np.isfinite(y).all():
         raise FeatureInputError(f"label column {label!r} has NaN or inf")
-    return inputs, torch.from_numpy(np.require(y, requirements="W")).to(get_device()), weights
+    return inputs, torch.from_numpy(np.require(y, requirements="W")), weights

@@ -22,6 +22,8 @@ from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
 from reckeras.pipeline.batches import as_data, to_tensors
+from reckeras.pipeline import device_copy
+from reckeras.pipeline.device_copy import DeviceCopy
 from reckeras.pipeline.prefetch import Pipeline
 from reckeras.pipeline.sparse_dist import SparseDist
 
@@ -323,7 +325,8 @@ class Model(keras.Model):
         Stages (see ``prefetch.Pipeline``): read this rank's shard, then
         encode (validate, hash strings, numpy -> torch), then, when training
         a model with ``host_cached`` tables, load the batch's rows into the
-        device caches. With ``pipeline`` (see ``_pipeline_threads``) they run
+        device caches, then on a GPU copy the batch to it (``h2d``, see
+        ``device_copy``). With ``pipeline`` (see ``_pipeline_threads``) they run
         in background threads, ``prefetch_depth`` batches ahead, and with
         several ranks the sparse-dist stage exchanges the next batch's ids
         while a step runs (``sparse_dist.SparseDist``).
@@ -332,10 +335,13 @@ class Model(keras.Model):
         world = distributed.world()
         source = data.batches(batch_size, shuffle=shuffle, seed=seed,
                               shard_index=world.rank, num_shards=world.size)
+        device = torch.device(get_device())
+        on_gpu = device.type == "cuda"
 
         def encode(batch):
+            # On a GPU the tensors stay on the host until the h2d stage.
             return batch.num_rows, to_tensors(columns, batch, data.label, with_label,
-                                              sample_weight)
+                                              sample_weight, "cpu" if on_gpu else device)
 
         stages = [("encode", encode)]
         fed = self._engines_fed_by_columns()
@@ -350,6 +356,8 @@ class Model(keras.Model):
                 return item
 
             stages.append(("cache_prefetch", cache_rows))
+        if on_gpu:
+            stages.append((DeviceCopy.name, DeviceCopy(device)))
         threads = _pipeline_threads(pipeline)
         sparse_dist = SparseDist(fed, columns.plan.packed_sparse, training) \
             if threads and fed and world.size > 1 else None
@@ -592,13 +600,15 @@ class _Batches:
         return self.pipeline.threads
 
     def __enter__(self):
-        items = self._counted(itertools.islice(self.pipeline.__enter__(), self.steps))
+        items = self._received(itertools.islice(self.pipeline.__enter__(), self.steps))
         return self.sparse_dist.ahead(items) if self.sparse_dist else items
 
-    def _counted(self, items):
+    def _received(self, items):
+        """Counts the batches the loop takes and, on a GPU, orders the
+        training thread's stream after each batch's copy."""
         for item in items:
             self.items += 1
-            yield item
+            yield device_copy.ready(item)    # after the h2d stage's copy, on GPU
 
     def __exit__(self, *exc):
         try:
