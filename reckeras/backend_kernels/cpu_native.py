@@ -8,8 +8,10 @@ where the iterations write disjoint memory; the result does not depend on the
 thread count. The threads are torch's own OpenMP pool (see cpu_native.c), so
 what holds for torch's CPU ops holds here: a process forked after they ran
 must not run them (GNU OpenMP's pool does not survive ``fork``; use the
-``spawn`` start method, as torchrun and ``torch.multiprocessing.spawn`` do). They are compiled on first use with the system C
-compiler (``cc -O3``, about a second) into a cache directory
+``spawn`` start method, as torchrun and ``torch.multiprocessing.spawn`` do).
+
+They are compiled on first use with the system C
+compiler (``cc -O3 -fopenmp``, about a second) into a cache directory
 (``RECKERAS_CACHE_DIR`` or ``~/.cache/reckeras``). Without a compiler, or with
 ``RECKERAS_NATIVE=0``, ``available()`` is False and the library keeps using
 the torch references.

@@ -453,7 +453,7 @@ class Model(keras.Model):
             callback_list.on_epoch_begin(epoch)
             bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
                        disable=not verbose, leave=True)
-            examples, started, step_s = 0, time.perf_counter(), 0.0
+            examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
             batches = self._batches(data, batch_size, True, steps, shuffle, seed + epoch,
                                     sample_weight, pipeline, prefetch_depth,
                                     training=True)
@@ -465,6 +465,7 @@ class Model(keras.Model):
                     step_s += time.perf_counter() - step_started
                     callback_list.on_train_batch_end(step, logs)
                     examples += rows
+                    taken += 1
                     bar.update(1)
                     if step % 10 == 0 or step == steps - 1:
                         rate = examples / (time.perf_counter() - started)
@@ -473,7 +474,7 @@ class Model(keras.Model):
                     if self.stop_training:
                         break
             bar.close()
-            self._record_pipeline_stats(batches, step_s, examples,
+            self._record_pipeline_stats(batches, taken, step_s, examples,
                                         time.perf_counter() - started)
             epoch_logs = self._synced_metrics_result(logs)
             if validation_data is not None:
@@ -489,10 +490,10 @@ class Model(keras.Model):
         callback_list.on_train_end(epoch_logs)
         return self.history
 
-    def _record_pipeline_stats(self, batches, step_s, examples, seconds):
+    def _record_pipeline_stats(self, batches, steps, step_s, examples, seconds):
         """Adds one epoch's figures to ``self.pipeline_stats``."""
         epoch = batches.stats()
-        epoch["step"] = {"items": batches.items, "busy_s": round(step_s, 4)}
+        epoch["step"] = {"items": steps, "busy_s": round(step_s, 4)}
         epoch["examples"] = examples
         epoch["wall_s"] = round(seconds, 4)
         totals = self.pipeline_stats
@@ -593,22 +594,16 @@ class _Batches:
 
     def __init__(self, pipeline, steps, sparse_dist):
         self.pipeline, self.steps, self.sparse_dist = pipeline, steps, sparse_dist
-        self.items = 0
 
     @property
     def threads(self):
         return self.pipeline.threads
 
     def __enter__(self):
-        items = self._received(itertools.islice(self.pipeline.__enter__(), self.steps))
+        # On a GPU, ``ready`` orders this thread's stream after each batch's copy.
+        items = map(device_copy.ready,
+                    itertools.islice(self.pipeline.__enter__(), self.steps))
         return self.sparse_dist.ahead(items) if self.sparse_dist else items
-
-    def _received(self, items):
-        """Counts the batches the loop takes and, on a GPU, orders the
-        training thread's stream after each batch's copy."""
-        for item in items:
-            self.items += 1
-            yield device_copy.ready(item)    # after the h2d stage's copy, on GPU
 
     def __exit__(self, *exc):
         try:
