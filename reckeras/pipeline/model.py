@@ -605,10 +605,10 @@ class _Batches:
                     itertools.islice(self.pipeline.__enter__(), self.steps))
         return self.sparse_dist.ahead(items) if self.sparse_dist else items
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, error, traceback):
         try:
             if self.sparse_dist:
-                self.sparse_dist.close()
+                self.sparse_dist.__exit__(kind, error, traceback)
         finally:
             self.pipeline.close()
         return False

@@ -15,6 +15,8 @@ invariant 3).
 """
 
 import concurrent.futures
+import queue
+import threading
 import time
 
 
@@ -42,15 +44,20 @@ class SparseDist:
         self.training = training
         self.items = 0
         self.busy_s = 0.0
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="reckeras-sparse-dist")
+        self._jobs = queue.Queue()
         self._pending = []
+        # A daemon thread: after a KeyboardInterrupt it may be left inside a
+        # key exchange that the other ranks never join, and must not keep the
+        # process alive until that exchange times out.
+        self._worker = threading.Thread(target=self._work, daemon=True,
+                                        name="reckeras-sparse-dist")
+        self._worker.start()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, kind, error, traceback):
+        self.close(wait=not isinstance(error, KeyboardInterrupt))
         return False
 
     def ahead(self, items):
@@ -69,11 +76,25 @@ class SparseDist:
 
     def _submit(self, item):
         inputs = item[1][0]
+        self._pending = [f for f in self._pending if not f.done()]
         for engine in self.engines:
-            future = self._pool.submit(self._route, engine, inputs)
+            future = concurrent.futures.Future()
+            self._jobs.put((future, engine, inputs))
             self._pending.append(future)
             engine.expect_routed(future)
-        self._pending = [f for f in self._pending if not f.done()]
+
+    def _work(self):
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, engine, inputs = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._route(engine, inputs))
+            except BaseException as error:      # re-raised by the step's lookup
+                future.set_exception(error)
 
     def _route(self, engine, inputs):
         started = time.perf_counter()
@@ -83,11 +104,19 @@ class SparseDist:
         self.items += 1
         return routed
 
-    def close(self):
-        """Waits for the exchanges already submitted (every rank submitted
-        the same ones, so they complete) and forgets their routes."""
-        concurrent.futures.wait(self._pending)
-        self._pool.shutdown(wait=True)
+    def close(self, wait=True):
+        """Forgets the routes no step took. With ``wait`` (every exit but a
+        KeyboardInterrupt) it first lets the exchanges already submitted
+        finish: every rank submitted the same ones, so they complete, and a
+        later loop's exchanges then never run beside them."""
+        if wait:
+            concurrent.futures.wait(self._pending)
+        else:
+            for future in self._pending:
+                future.cancel()                 # not started yet: never will
+        self._jobs.put(None)
+        if wait:
+            self._worker.join()
         for engine in self.engines:
             engine.clear_routed()
 

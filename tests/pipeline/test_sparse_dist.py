@@ -78,3 +78,27 @@ def test_no_batches():
     with SparseDist([engine], pack, training=True) as stage:
         assert list(stage.ahead([])) == []
     assert stage.stats()["items"] == 0
+
+
+def test_interrupt_does_not_wait_for_an_exchange_that_never_ends():
+    # After a KeyboardInterrupt the other ranks may never join the exchange
+    # already submitted: closing must not wait for it, and the stage's thread
+    # must not keep the process alive.
+    import threading as _threading
+    release = _threading.Event()
+
+    class StuckEngine(RecordingEngine):
+        def route_ahead(self, ids, offsets, training):
+            release.wait()                      # an exchange no peer joins
+            return ("routed", ids, training)
+
+    engine = StuckEngine()
+    with pytest.raises(KeyboardInterrupt):
+        with SparseDist([engine], pack, training=True) as stage:
+            for _ in stage.ahead(items(3)):
+                raise KeyboardInterrupt
+    assert engine.events == ["cleared"]
+    assert stage._worker.daemon and stage._worker.is_alive()
+    release.set()
+    stage._worker.join(timeout=5)
+    assert not stage._worker.is_alive()
