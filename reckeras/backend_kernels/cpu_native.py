@@ -31,9 +31,6 @@ import torch
 
 _SOURCE = Path(__file__).with_name("cpu_native.c")
 _FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu99"]
-# OpenMP puts the parallel loops on torch's own threads (see cpu_native.c);
-# a compiler without it builds the same loops single-threaded.
-_PARALLEL_FLAGS = [["-fopenmp"], []]
 _lock = threading.Lock()
 _library = None
 _failed = False
@@ -76,13 +73,11 @@ def _build(flags):
 
 
 def _compile():
-    for extra in _PARALLEL_FLAGS:
-        try:
-            target = _build(_FLAGS + extra)
-            break
-        except (OSError, subprocess.SubprocessError):
-            if extra == _PARALLEL_FLAGS[-1]:
-                raise
+    try:
+        # OpenMP puts the parallel loops on torch's own threads (cpu_native.c).
+        target = _build(_FLAGS + ["-fopenmp"])
+    except (OSError, subprocess.SubprocessError):
+        target = _build(_FLAGS)      # no OpenMP here: the same loops, one thread
     library = ctypes.CDLL(str(target))
     for name, (restype, argtypes) in _SIGNATURES.items():
         function = getattr(library, name)

@@ -32,7 +32,7 @@ class SparseDist:
 
     Example:
         >>> with SparseDist(engines, columns.plan.packed_sparse, True) as stage:
-        ...     for inputs, labels, weights in stage.ahead(batches):
+        ...     for rows, (inputs, labels, weights) in stage.ahead(batches):
         ...         model.train_step((inputs, labels, weights))
     """
 
@@ -75,12 +75,12 @@ class SparseDist:
         yield current
 
     def _submit(self, item):
-        inputs = item[1][0]
+        """Queues one batch: one future per engine, in the engines' order."""
         self._pending = [f for f in self._pending if not f.done()]
-        for engine in self.engines:
-            future = concurrent.futures.Future()
-            self._jobs.put((future, engine, inputs))
-            self._pending.append(future)
+        futures = [concurrent.futures.Future() for _ in self.engines]
+        self._jobs.put((futures, item[1][0]))
+        self._pending.extend(futures)
+        for engine, future in zip(self.engines, futures):
             engine.expect_routed(future)
 
     def _work(self):
@@ -88,21 +88,20 @@ class SparseDist:
             job = self._jobs.get()
             if job is None:
                 return
-            future, engine, inputs = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(self._route(engine, inputs))
-            except BaseException as error:      # re-raised by the step's lookup
-                future.set_exception(error)
-
-    def _route(self, engine, inputs):
-        started = time.perf_counter()
-        sparse = self.pack(inputs)
-        routed = engine.route_ahead(sparse["ids"], sparse["offsets"], self.training)
-        self.busy_s += time.perf_counter() - started
-        self.items += 1
-        return routed
+            futures, inputs = job
+            sparse = None
+            for engine, future in zip(self.engines, futures):
+                if not future.set_running_or_notify_cancel():
+                    continue
+                started = time.perf_counter()
+                try:
+                    sparse = sparse or self.pack(inputs)   # once per batch
+                    future.set_result(engine.route_ahead(
+                        sparse["ids"], sparse["offsets"], self.training))
+                except BaseException as error:   # re-raised by the step's lookup
+                    future.set_exception(error)
+                self.busy_s += time.perf_counter() - started
+                self.items += 1
 
     def close(self, wait=True):
         """Forgets the routes no step took. With ``wait`` (every exit but a
