@@ -1,9 +1,18 @@
 """reckeras: Keras 3 recommender training on the torch backend.
 
-Importing reckeras selects Keras's torch backend when ``KERAS_BACKEND`` is
-unset, and raises :class:`reckeras.BackendError` when Keras already runs
-another backend. It also tunes glibc's allocator for training (see
-``reckeras._allocator``; ``RECKERAS_MALLOC_TUNING=0`` turns that off).
+Importing reckeras selects Keras's torch backend when `KERAS_BACKEND` is
+unset, and raises `reckeras.BackendError` when Keras already runs another
+backend. It also tunes glibc's allocator for training (see
+`reckeras._allocator`; `RECKERAS_MALLOC_TUNING=0` turns that off).
+
+Example:
+
+```python
+import reckeras as rk   # before keras, or with KERAS_BACKEND=torch
+
+columns = rk.layers.FeatureColumns([rk.features.Numeric("I1"),
+                                    rk.features.Categorical("C1", dim=8)])
+```
 """
 
 from reckeras._allocator import tune_malloc

@@ -2,22 +2,22 @@
 
 A training step on CPU allocates and frees the same large buffers every batch
 (pooled embeddings, activations, their gradients: megabytes each). glibc's
-defaults serve blocks above a dynamic threshold with ``mmap`` and give them
-back with ``munmap`` when freed, so every step touches fresh pages and pays a
+defaults serve blocks above a dynamic threshold with `mmap` and give them
+back with `munmap` when freed, so every step touches fresh pages and pays a
 page fault per 4 KiB: on the ``wide`` benchmark workload that was a fifth of
 the step. This is why PyTorch's CPU performance guide suggests jemalloc or
 tcmalloc; reckeras gets the same effect from glibc itself with three
-``mallopt`` settings, applied once when reckeras is imported:
+`mallopt` settings, applied once when reckeras is imported:
 
-* ``M_MMAP_THRESHOLD`` 32 MiB (glibc's maximum): smaller blocks come from
+* `M_MMAP_THRESHOLD` 32 MiB (glibc's maximum): smaller blocks come from
   the heap and are reused;
-* ``M_TRIM_THRESHOLD`` 2 GiB - 1 (mallopt takes an int): freed heap memory
+* `M_TRIM_THRESHOLD` 2 GiB - 1 (mallopt takes an int): freed heap memory
   stays with the process;
-* ``M_TOP_PAD`` 256 MiB: the heap grows in large steps.
+* `M_TOP_PAD` 256 MiB: the heap grows in large steps.
 
 The process keeps its peak memory until it exits, which is what a training
 job does anyway. The settings are process-wide. Set
-``RECKERAS_MALLOC_TUNING=0`` to leave the allocator alone; on a libc other
+`RECKERAS_MALLOC_TUNING=0` to leave the allocator alone; on a libc other
 than glibc nothing changes.
 """
 
@@ -35,8 +35,23 @@ _SETTINGS = ((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_TRIM_THRESHOLD, 2**31 - 1),
              (_M_TOP_PAD, 256 * 2**20))
 
 
-def tune_malloc():
-    """Applies the settings above; returns whether glibc accepted them all."""
+def tune_malloc() -> bool:
+    """Applies the `mallopt` settings above to this process.
+
+    Does nothing when `RECKERAS_MALLOC_TUNING=0` or the libc is not glibc.
+    `import reckeras` calls it once; calling it again changes nothing.
+
+    Returns:
+        Whether the settings were applied and glibc accepted them all.
+
+    Example:
+
+    ```python
+    from reckeras._allocator import tune_malloc
+
+    tune_malloc()   # True on glibc, False elsewhere
+    ```
+    """
     if os.environ.get("RECKERAS_MALLOC_TUNING", "1") == "0":
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":

@@ -36,6 +36,7 @@ message lists every offending object with what is wrong.
 import importlib
 import inspect
 import pkgutil
+import re
 
 import pytest
 
@@ -144,9 +145,13 @@ def _has_section(doc, section):
     return any(line.strip() == section for line in doc.splitlines())
 
 
+# Two backticks that are not part of a ```python fence.
+_DOUBLE_BACKTICKS = re.compile(r"(?<!`)``(?!`)")
+
+
 def _style_problems(doc):
     problems = []
-    if "``" in doc:
+    if _DOUBLE_BACKTICKS.search(doc):
         problems.append("has ``double backticks`` (use single backticks)")
     if ">>>" in doc:
         problems.append("has a >>> example (use a ```python block under "

@@ -1,5 +1,9 @@
 """Feature interaction layers."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 import numpy as np
 import torch
@@ -30,25 +34,29 @@ class DotInteraction(keras.layers.Layer):
         skip_connection: whether to prepend `x` to the dot products.
         **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
 
+    Call arguments:
+        inputs: `[x, emb]`, or `emb` alone (with `skip_connection=False`).
+
     Example:
 
     ```python
-    x = rk.layers.MLP([512, 256, 16])(dense)        # [B, 16]
-    z = rk.layers.DotInteraction()([x, emb])        # emb: [B, 26, 16]
-    z.shape                                         # (B, 16 + 27 * 26 / 2)
-    pairs = rk.layers.DotInteraction(skip_connection=False)(emb)  # [B, 325]
+    dense = keras.Input(shape=(13,))
+    emb = keras.Input(shape=(26, 16))                 # one vector per feature
+    x = rk.layers.MLP([512, 256, 16])(dense)          # (None, 16)
+    z = rk.layers.DotInteraction()([x, emb])          # (None, 16 + 27 * 26 // 2)
+    pairs = rk.layers.DotInteraction(skip_connection=False)(emb)   # (None, 325)
     ```
     """
 
-    def __init__(self, self_interaction=False, skip_connection=True,
-                 **kwargs):
+    def __init__(self, self_interaction: bool = False,
+                 skip_connection: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
         self.self_interaction = bool(self_interaction)
         self.skip_connection = bool(skip_connection)
         self._pair_index_by_device = {}
 
-    def _batch_vectors_dim(self, input_shape):
-        """Validates the input shapes; returns (B, n, D)."""
+    def _batch_vectors_dim(self, input_shape: Any) -> tuple[int | None, int, int]:
+        """Validates the input shapes; returns `(B, n, D)`."""
         if isinstance(input_shape, (list, tuple)) and input_shape and all(
                 isinstance(s, (list, tuple)) for s in input_shape):
             if len(input_shape) != 2:
@@ -86,13 +94,13 @@ class DotInteraction(keras.layers.Layer):
                 f"emb of shape {emb_shape} (D = {dim}).")
         return batch, features + 1, dim
 
-    def build(self, input_shape):
+    def build(self, input_shape: Any) -> None:
         _, vectors, _ = self._batch_vectors_dim(input_shape)
         rows, cols = np.tril_indices(
             vectors, k=0 if self.self_interaction else -1)
         self._pair_index = torch.from_numpy(rows * vectors + cols)
 
-    def _pair_index_on(self, device):
+    def _pair_index_on(self, device: torch.device) -> torch.Tensor:
         # One copy per device, so a GPU step does not pay a host-to-device
         # copy of the index.
         key = str(device)
@@ -100,7 +108,7 @@ class DotInteraction(keras.layers.Layer):
             self._pair_index_by_device[key] = self._pair_index.to(device)
         return self._pair_index_by_device[key]
 
-    def call(self, inputs):
+    def call(self, inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
         if isinstance(inputs, (list, tuple)):
             x, emb = inputs
             vectors = torch.cat([x.unsqueeze(1), emb], dim=1)
@@ -112,14 +120,14 @@ class DotInteraction(keras.layers.Layer):
             return torch.cat([x, pairs], dim=1)
         return pairs
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Any) -> tuple[int | None, int]:
         batch, vectors, dim = self._batch_vectors_dim(input_shape)
         pairs = vectors * (vectors - 1) // 2
         if self.self_interaction:
             pairs += vectors
         return (batch, dim * self.skip_connection + pairs)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({
             "self_interaction": self.self_interaction,

@@ -1,6 +1,10 @@
 """A multilayer perceptron as a single Keras layer."""
 
+from __future__ import annotations
+
 import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import torch
@@ -11,8 +15,32 @@ _NORM_LAYERS = {
 }
 
 
-def resolve_activation(layer, argument, identifier):
-    """``keras.activations.get(identifier)``, with an error naming the layer."""
+def resolve_activation(layer: str, argument: str,
+                       identifier: str | Callable | None) -> Callable:
+    """`keras.activations.get(identifier)`, with an error naming the layer.
+
+    Args:
+        layer: the layer's class name, for the message.
+        argument: the name of the layer argument, for the message.
+        identifier: anything `keras.activations.get` accepts: a name, a
+            callable or `None` (linear).
+
+    Returns:
+        The activation function.
+
+    Raises:
+        ValueError: for an unknown name, naming the layer and the argument.
+
+    Example:
+
+    ```python
+    from reckeras.layers.mlp import resolve_activation
+
+    relu = resolve_activation("MLP", "activation", "relu")
+    # resolve_activation("MLP", "activation", "rleu") raises a ValueError
+    # that names MLP's activation argument.
+    ```
+    """
     try:
         return keras.activations.get(identifier)
     except ValueError:
@@ -28,6 +56,8 @@ class MLP(keras.layers.Layer):
     Each hidden layer is `Dense` (no activation), then the optional
     normalization, then `activation`, then dropout. The last layer is a
     `Dense` with `output_activation` and no normalization or dropout.
+    Every `Dense` gets its own copy of `kernel_initializer`, so equal-shaped
+    layers do not start with equal kernels.
 
     Args:
         units: list of positive ints, the width of each layer; the last one is
@@ -44,19 +74,34 @@ class MLP(keras.layers.Layer):
         kernel_initializer: initializer of the `Dense` kernels.
         **kwargs: passed to `keras.layers.Layer` (`name`, `dtype`, ...).
 
+    Call arguments:
+        inputs: a tensor of shape `[..., D]`.
+        training: whether dropout applies.
+
+    Input shape:
+        `[..., D]`, usually `[B, D]`.
+
+    Output shape:
+        `[..., units[-1]]`.
+
     Example:
 
     ```python
     dense = keras.Input(shape=(13,))
-    x = rk.layers.MLP([512, 256, 16])(dense)                  # [B, 16]
+    x = rk.layers.MLP([512, 256, 16])(dense)                  # (None, 16)
     out = rk.layers.MLP([64, 1], output_activation="sigmoid",
-                        dropout=0.1, norm="layer")(x)         # [B, 1]
+                        dropout=0.1, norm="layer")(x)         # (None, 1)
     ```
     """
 
-    def __init__(self, units, activation="relu", output_activation=None,
-                 dropout=0.0, norm=None, use_bias=True,
-                 kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, units: Sequence[int],
+                 activation: str | Callable | None = "relu",
+                 output_activation: str | Callable | None = None,
+                 dropout: float = 0.0, norm: str | None = None,
+                 use_bias: bool = True,
+                 kernel_initializer: str | keras.initializers.Initializer
+                 = "glorot_uniform",
+                 **kwargs: Any):
         super().__init__(**kwargs)
         if (not isinstance(units, (list, tuple)) or not units
                 or not all(isinstance(u, numbers.Integral)
@@ -101,19 +146,20 @@ class MLP(keras.layers.Layer):
             kernel_initializer=self._new_kernel_initializer(),
             dtype=self.dtype_policy))
 
-    def _new_kernel_initializer(self):
+    def _new_kernel_initializer(self) -> keras.initializers.Initializer:
         # An unseeded Keras initializer fixes its seed when it is created, so
         # one shared instance would give equal-shaped layers equal kernels.
         return keras.initializers.get(
             keras.initializers.serialize(self.kernel_initializer))
 
-    def build(self, input_shape):
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
         shape = tuple(input_shape)
         for layer in self._stack:
             layer.build(shape)
             shape = layer.compute_output_shape(shape)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: torch.Tensor,
+             training: bool | None = None) -> torch.Tensor:
         if self._can_fuse(inputs, training):
             return self._fused_call(inputs)
         x = inputs
@@ -121,10 +167,12 @@ class MLP(keras.layers.Layer):
             x = layer(x, training=training)
         return x
 
-    def _can_fuse(self, inputs, training):
-        """Whether ``_fused_call`` computes exactly what the stack would:
-        float32 2-D torch inputs, plain float32 ``Dense`` layers (no norm,
-        no dropout in training, no quantization, no LoRA)."""
+    def _can_fuse(self, inputs: Any, training: bool | None) -> bool:
+        """Whether `_fused_call` computes exactly what the stack would.
+
+        It does for float32 2-D torch inputs and plain float32 `Dense`
+        layers: no norm, no dropout in training, no quantization, no LoRA.
+        """
         return (isinstance(inputs, torch.Tensor) and inputs.dim() == 2
                 and self.norm is None and not (self.dropout > 0.0 and training)
                 and self.compute_dtype == "float32" and self.variable_dtype == "float32"
@@ -132,7 +180,7 @@ class MLP(keras.layers.Layer):
                 and all(layer.quantization_mode is None and not layer.lora_enabled
                         for layer in self._stack if isinstance(layer, keras.layers.Dense)))
 
-    def _fused_call(self, x):
+    def _fused_call(self, x: torch.Tensor) -> torch.Tensor:
         # The stack's own weights, with the bias folded into the matmul
         # (addmm) and one Keras layer call less per layer: ~3 ms of a
         # ~55 ms DLRM training step on CPU.
@@ -145,10 +193,11 @@ class MLP(keras.layers.Layer):
             x = (self.output_activation if last else self.activation)(x)
         return x
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(
+            self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return tuple(input_shape)[:-1] + (self.units[-1],)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({
             "units": list(self.units),
