@@ -6,14 +6,19 @@ arrays, one per feature input, and every bad input is rejected here, naming the
 feature, before any table row can change:
 
 * numeric features: float32; null -> NaN (the model fills the feature's
-  ``default``); +-inf -> error; strings -> error.
+  `default`); +-inf -> error; strings -> error.
 * Categorical ids: int64; null -> -1 (missing values share one row); negative
   ids -> error; strings in an int64 feature -> error; strings of a
-  ``dtype="string"`` feature are hashed (``hashing.hash_strings``).
+  `dtype="string"` feature are hashed (`hashing.hash_strings`).
 * bucketized Categoricals: float32, null -> NaN (the missing bucket).
-* Sequences: int64 ``[B, max_len]``, left-aligned, padded with -1; sequences
-  longer than ``max_len`` keep their last ``max_len`` ids.
+* Sequences: int64 `[B, max_len]`, left-aligned, padded with -1; sequences
+  longer than `max_len` keep their last `max_len` ids.
 """
+
+from __future__ import annotations
+
+from collections.abc import Sequence as _Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,11 +31,47 @@ from reckeras.features.specs import Categorical, Numeric, Sequence
 
 
 class FeatureInputError(ValueError):
-    """A raw batch does not match the declared features."""
+    """A raw batch does not match the declared features.
+
+    The message names the feature at fault. It is a `ValueError`.
+
+    Example:
+
+    ```python
+    from reckeras.features.encode import encode
+
+    try:
+        encode([rk.features.Categorical("C1", dim=8)], {"C1": [3, -5]})
+    except rk.features.FeatureInputError as error:
+        print(error)   # feature 'C1': negative id -5; ids must be non-negative
+    ```
+    """
 
 
-def as_table(batch):
-    """A pyarrow Table from a RecordBatch, Table or dict of array-likes."""
+def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
+    """A pyarrow Table of a raw batch.
+
+    A 2-D numpy array in a dict becomes a fixed-size list column (a padded
+    sequence); other values go through `pyarrow.array`.
+
+    Args:
+        batch: a pyarrow RecordBatch or Table, or a dict of array-likes.
+
+    Returns:
+        A `pyarrow.Table` (the batch itself when it is one).
+
+    Raises:
+        TypeError: for any other kind of batch.
+
+    Example:
+
+    ```python
+    from reckeras.features.encode import as_table
+
+    table = as_table({"I1": [1.0, 2.0], "hist": np.array([[1, 2], [3, -1]])})
+    table.num_rows   # 2
+    ```
+    """
     if isinstance(batch, pa.Table):
         return batch
     if isinstance(batch, pa.RecordBatch):
@@ -49,7 +90,7 @@ def as_table(batch):
                     f"arrays, got {type(batch).__name__}")
 
 
-def _column(table, positions, spec):
+def _column(table: pa.Table, positions: dict[str, int], spec: Any) -> pa.Array:
     position = positions.get(spec.name)
     if position is None:
         raise FeatureInputError(
@@ -59,11 +100,11 @@ def _column(table, positions, spec):
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _is_string(type_):
+def _is_string(type_: pa.DataType) -> bool:
     return pa.types.is_string(type_) or pa.types.is_large_string(type_)
 
 
-def _numbers(spec, column):
+def _numbers(spec: Any, column: pa.Array) -> np.ndarray:
     if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         raise FeatureInputError(f"feature {spec.name!r}: expected a numeric column, "
                                 f"got {column.type}")
@@ -75,8 +116,8 @@ def _numbers(spec, column):
     return values
 
 
-def _ids(spec, values):
-    """Non-negative int64 ids of an int or string array; nulls -> MISSING_ID."""
+def _ids(spec: Any, values: pa.Array) -> np.ndarray:
+    """Non-negative int64 ids of an int or string array; nulls -> `MISSING_ID`."""
     if _is_string(values.type):
         if spec.dtype != "string":
             raise FeatureInputError(
@@ -108,7 +149,7 @@ def _ids(spec, values):
     return ids
 
 
-def _sequence(spec, column):
+def _sequence(spec: Sequence, column: pa.Array) -> np.ndarray:
     if pa.types.is_fixed_size_list(column.type):
         # Already padded (dict input of a 2-D array): -1 marks padding.
         width = column.type.list_size
@@ -143,7 +184,8 @@ def _sequence(spec, column):
     return padded
 
 
-def encode(specs, batch):
+def encode(specs: _Sequence[Any],
+           batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> dict[str, np.ndarray]:
     """Encodes a raw batch into model inputs.
 
     Args:
@@ -151,10 +193,25 @@ def encode(specs, batch):
         batch: pyarrow RecordBatch or Table, or dict of array-likes.
 
     Returns:
-        dict feature name -> numpy array.
+        A dict of numpy arrays keyed by feature name (a `Cross` has no input
+        of its own: it is computed from its features' ids in the model).
 
     Raises:
         FeatureInputError: naming the feature at fault.
+
+    Example:
+
+    ```python
+    import pyarrow as pa
+    from reckeras.features.encode import encode
+
+    specs = [rk.features.Numeric("I1"), rk.features.Categorical("C1", dim=8),
+             rk.features.Sequence("hist", dim=8, max_len=3)]
+    inputs = encode(specs, {"I1": [1.0, None], "C1": [7, None],
+                            "hist": pa.array([[4, 5], [1, 2, 3, 9]])})
+    inputs["C1"]     # array([ 7, -1])
+    inputs["hist"]   # array([[ 4,  5, -1], [ 2,  3,  9]])
+    ```
     """
     table = as_table(batch)
     if table.num_rows == 0:
@@ -177,7 +234,8 @@ def encode(specs, batch):
     return inputs
 
 
-def _plain_blocks(specs, table, positions):
+def _plain_blocks(specs: _Sequence[Any], table: pa.Table,
+                  positions: dict[str, int]) -> dict[str, np.ndarray]:
     """The features whose columns need no per-column work, encoded block-wise.
 
     int64 columns of int64 Categoricals and float32 columns of Numerics,
@@ -219,6 +277,25 @@ def _plain_blocks(specs, table, positions):
     return inputs
 
 
-def raw_columns(specs):
-    """Names of the raw columns the specs read (Cross reads none of its own)."""
+def raw_columns(specs: _Sequence[Any]) -> list[str]:
+    """Names of the raw columns the specs read.
+
+    Args:
+        specs: the feature specs.
+
+    Returns:
+        The names of the `Numeric`, `Categorical` and `Sequence` specs, in
+        order (a `Cross` reads no column of its own).
+
+    Example:
+
+    ```python
+    from reckeras.features.encode import raw_columns
+
+    raw_columns([rk.features.Categorical("C1", dim=8),
+                 rk.features.Categorical("C2", dim=8),
+                 rk.features.Cross(["C1", "C2"], dim=8, hash_buckets=1000)])
+    # ['C1', 'C2']
+    ```
+    """
     return [s.name for s in specs if isinstance(s, (Numeric, Categorical, Sequence))]

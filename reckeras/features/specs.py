@@ -4,20 +4,24 @@ Specs are plain, immutable descriptions validated when constructed; the
 FeatureColumns layer compiles a list of them into one transform plan.
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence as _Sequence
+from typing import Any
 
 NUMERIC_TRANSFORMS = (None, "log1p", "standardize")
 COMBINERS = ("sum", "mean", "sqrtn", None)
 ID_DTYPES = ("int64", "string")
 
 
-def _check_name(name):
+def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"feature name must be a non-empty string, got {name!r}")
     return name
 
 
-def _check_positive_int(feature, field, value, minimum=1):
+def _check_positive_int(feature: str, field: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(
             f"feature {feature!r}: {field} must be an int >= {minimum}, got {value!r}")
@@ -25,17 +29,43 @@ def _check_positive_int(feature, field, value, minimum=1):
 
 
 class FeatureSpec:
-    """Base class of the feature specs; subclasses define ``_fields``."""
+    """Base class of the feature specs.
+
+    A subclass lists its constructor arguments in `_fields`; they are its
+    attributes and its config. `sparse` tells whether the feature is
+    embedded (every spec but `Numeric`), `pooled` whether it is one vector
+    per example. Specs compare equal when their type and config are equal.
+
+    Example:
+
+    ```python
+    spec = rk.features.Categorical("C1", dim=16)
+    spec.sparse, spec.pooled        # (True, True)
+    ```
+    """
 
     _fields = ()
     sparse = True
     pooled = True
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
+        """The constructor arguments of the spec.
+
+        Returns:
+            A dict, the keyword arguments that `from_config` takes.
+        """
         return {field: getattr(self, field) for field in self._fields}
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> FeatureSpec:
+        """The spec of a config returned by `get_config`.
+
+        Args:
+            config: the spec's constructor arguments.
+
+        Returns:
+            A new spec of this class.
+        """
         return cls(**config)
 
     def __eq__(self, other):
@@ -52,24 +82,29 @@ class FeatureSpec:
 class Numeric(FeatureSpec):
     """A dense numeric column.
 
-    Missing values (null or NaN) become ``default``; +-inf is rejected.
+    Missing values (null or NaN) become `default`; +-inf is rejected.
 
     Args:
         name: column name.
-        transform: None, ``"log1p"`` (``sign(x) * log1p(|x|)``, which keeps
-            negative counts finite) or ``"standardize"`` (``(x - mean) / std``
-            with statistics from ``FeatureColumns.adapt``; fit adapts on the
+        transform: `None`, `"log1p"` (`sign(x) * log1p(|x|)`, which keeps
+            negative counts finite) or `"standardize"` (`(x - mean) / std`
+            with statistics from `FeatureColumns.adapt`; fit adapts on the
             training data when they are missing).
         default: value used for missing entries, before the transform.
 
     Example:
-        >>> rk.features.Numeric("I1", transform="log1p")
+
+    ```python
+    rk.features.Numeric("I1", transform="log1p")
+    rk.features.Numeric("price", transform="standardize", default=-1.0)
+    ```
     """
 
     _fields = ("name", "transform", "default")
     sparse = False
 
-    def __init__(self, name, transform=None, default=0.0):
+    def __init__(self, name: str, transform: str | None = None,
+                 default: float = 0.0):
         self.name = _check_name(name)
         if transform not in NUMERIC_TRANSFORMS:
             raise ValueError(f"feature {name!r}: unknown transform {transform!r}; "
@@ -83,7 +118,7 @@ class Numeric(FeatureSpec):
 
 
 class Categorical(FeatureSpec):
-    """A single-valued categorical column embedded into ``dim`` dimensions.
+    """A single-valued categorical column embedded into `dim` dimensions.
 
     Ids are int64 (non-negative) or strings; there is no vocabulary: every new
     id gets its own embedding row the first time it is seen. A missing value
@@ -93,25 +128,30 @@ class Categorical(FeatureSpec):
         name: column name.
         dim: embedding dimension.
         table: name of the embedding table; features naming the same table
-            share rows (their dims must agree). Defaults to ``name``.
+            share rows (their dims must agree). Defaults to `name`.
         hash_buckets: if set, ids are hashed into this many buckets first
             (bounded table size).
         boundaries: if set, the column is numeric and bucketized by these
-            sorted boundaries (``len(boundaries) + 1`` buckets, plus one for
+            sorted boundaries (`len(boundaries) + 1` buckets, plus one for
             missing values).
-        dtype: ``"int64"`` or ``"string"`` (strings are hashed with the stable
-            64-bit hash of ``reckeras.backend_kernels.hashing``). Ignored with
-            ``boundaries``.
+        dtype: `"int64"` or `"string"` (strings are hashed with the stable
+            64-bit hash of `reckeras.backend_kernels.hashing`). Ignored with
+            `boundaries`.
 
     Example:
-        >>> rk.features.Categorical("C1", dim=16)
-        >>> rk.features.Categorical("site", dim=8, dtype="string", hash_buckets=10**6)
+
+    ```python
+    rk.features.Categorical("C1", dim=16)
+    rk.features.Categorical("site", dim=8, dtype="string", hash_buckets=10**6)
+    rk.features.Categorical("age", dim=4, boundaries=[18, 25, 35, 50])
+    ```
     """
 
     _fields = ("name", "dim", "table", "hash_buckets", "boundaries", "dtype")
 
-    def __init__(self, name, dim, table=None, hash_buckets=None, boundaries=None,
-                 dtype="int64"):
+    def __init__(self, name: str, dim: int, table: str | None = None,
+                 hash_buckets: int | None = None,
+                 boundaries: _Sequence[float] | None = None, dtype: str = "int64"):
         self.name = _check_name(name)
         self.dim = _check_positive_int(name, "dim", dim)
         self.table = name if table is None else _check_name(table)
@@ -132,7 +172,12 @@ class Categorical(FeatureSpec):
         self.boundaries = boundaries
         self.dtype = dtype
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
+        """The constructor arguments of the spec (without `dtype` when bucketized).
+
+        Returns:
+            A dict, the keyword arguments that `from_config` takes.
+        """
         config = super().get_config()
         if self.boundaries is not None:
             del config["dtype"]
@@ -142,32 +187,36 @@ class Categorical(FeatureSpec):
 class Sequence(FeatureSpec):
     """A variable-length list of ids (for example a behaviour history).
 
-    Sequences longer than ``max_len`` keep their last ``max_len`` ids (the most
+    Sequences longer than `max_len` keep their last `max_len` ids (the most
     recent behaviour); this truncation is the documented policy.
 
     Args:
-        name: column name (a list<int64> or list<string> column).
+        name: column name (a `list<int64>` or `list<string>` column).
         dim: embedding dimension.
         max_len: longest sequence kept.
         table: embedding table name; share it with a Categorical feature to
-            embed history and target in one space. Defaults to ``name``.
-        combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` pooling over the ids,
-            or None to keep the sequence unpooled: ShardedEmbedding then
-            returns it as ``[B, max_len, dim]`` with zero rows at padding
-            (the raw input is padded with -1, so ``inputs[name] >= 0`` is
+            embed history and target in one space. Defaults to `name`.
+        combiner: `"sum"`, `"mean"` or `"sqrtn"` pooling over the ids,
+            or `None` to keep the sequence unpooled: ShardedEmbedding then
+            returns it as `[B, max_len, dim]` with zero rows at padding
+            (the raw input is padded with -1, so `inputs[name] >= 0` is
             its mask).
         hash_buckets: as for Categorical.
-        dtype: ``"int64"`` or ``"string"``.
+        dtype: `"int64"` or `"string"`.
 
     Example:
-        >>> rk.features.Sequence("hist_items", dim=16, max_len=50, table="item")
-        >>> rk.features.Sequence("hist_items", dim=16, max_len=50, combiner=None)
+
+    ```python
+    rk.features.Sequence("hist_items", dim=16, max_len=50, table="item")
+    rk.features.Sequence("hist_items", dim=16, max_len=50, combiner=None)
+    ```
     """
 
     _fields = ("name", "dim", "max_len", "table", "combiner", "hash_buckets", "dtype")
 
-    def __init__(self, name, dim, max_len, table=None, combiner="sum",
-                 hash_buckets=None, dtype="int64"):
+    def __init__(self, name: str, dim: int, max_len: int, table: str | None = None,
+                 combiner: str | None = "sum", hash_buckets: int | None = None,
+                 dtype: str = "int64"):
         self.name = _check_name(name)
         self.dim = _check_positive_int(name, "dim", dim)
         self.max_len = _check_positive_int(name, "max_len", max_len)
@@ -184,7 +233,8 @@ class Sequence(FeatureSpec):
         self.dtype = dtype
 
     @property
-    def pooled(self):
+    def pooled(self) -> bool:
+        """Whether the sequence is pooled to one vector (it has a combiner)."""
         return self.combiner is not None
 
 
@@ -194,19 +244,24 @@ class Cross(FeatureSpec):
     Args:
         names: the Categorical features crossed (declared in the same
             FeatureColumns). The cross combines their ids before their own
-            ``hash_buckets``, with ``hashing.hash_combine``.
+            `hash_buckets`, with `hashing.hash_combine`.
         dim: embedding dimension.
         hash_buckets: number of hash buckets of the crossed id.
-        name: feature name; defaults to ``"_x_".join(names)``.
+        name: feature name; defaults to `"_x_".join(names)`.
         table: embedding table name; defaults to the feature name.
 
     Example:
-        >>> rk.features.Cross(["C1", "C2"], dim=16, hash_buckets=100_000)
+
+    ```python
+    cross = rk.features.Cross(["C1", "C2"], dim=16, hash_buckets=100_000)
+    cross.name   # 'C1_x_C2'
+    ```
     """
 
     _fields = ("names", "dim", "hash_buckets", "name", "table")
 
-    def __init__(self, names, dim, hash_buckets, name=None, table=None):
+    def __init__(self, names: _Sequence[str], dim: int, hash_buckets: int,
+                 name: str | None = None, table: str | None = None):
         names = list(names)
         if not 2 <= len(names) <= 3 or len(set(names)) != len(names):
             raise ValueError(f"Cross needs 2 or 3 distinct feature names, got {names}")
@@ -220,11 +275,49 @@ class Cross(FeatureSpec):
 SPEC_TYPES = {cls.__name__: cls for cls in (Numeric, Categorical, Sequence, Cross)}
 
 
-def serialize(spec):
+def serialize(spec: FeatureSpec) -> dict[str, Any]:
+    """The serialized config of a spec.
+
+    Args:
+        spec: a `Numeric`, `Categorical`, `Sequence` or `Cross`.
+
+    Returns:
+        `{"class_name": ..., "config": spec.get_config()}`, which
+        `deserialize` turns back into an equal spec.
+
+    Example:
+
+    ```python
+    from reckeras.features.specs import deserialize, serialize
+
+    config = serialize(rk.features.Categorical("C1", dim=16))
+    config["class_name"]   # 'Categorical'
+    ```
+    """
     return {"class_name": type(spec).__name__, "config": spec.get_config()}
 
 
-def deserialize(config):
+def deserialize(config: dict[str, Any] | FeatureSpec) -> FeatureSpec:
+    """The spec of a serialized config.
+
+    Args:
+        config: a config returned by `serialize`, or a spec (returned as is).
+
+    Returns:
+        The spec.
+
+    Raises:
+        ValueError: for an unknown `class_name`.
+
+    Example:
+
+    ```python
+    from reckeras.features.specs import deserialize, serialize
+
+    spec = rk.features.Sequence("hist_items", dim=16, max_len=50)
+    deserialize(serialize(spec)) == spec   # True
+    ```
+    """
     if isinstance(config, FeatureSpec):
         return config
     try:
