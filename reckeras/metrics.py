@@ -1,6 +1,9 @@
 """Metrics for recommender training."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import Any
 
 import keras
 import numpy as np
@@ -12,9 +15,9 @@ from keras.src.backend import in_stateless_scope
 class _SortedRun:
     """Examples compacted to their distinct scores, in ascending order.
 
-    ``cum_positive[k]`` and ``cum_negative[k]`` are the total positive and
-    negative weight of the scores below ``scores[k]``; both hold one more entry
-    than ``scores``, so the last one is the run's total.
+    `cum_positive[k]` and `cum_negative[k]` are the total positive and
+    negative weight of the scores below `scores[k]`; both hold one more entry
+    than `scores`, so the last one is the run's total.
     """
 
     scores: torch.Tensor
@@ -22,7 +25,8 @@ class _SortedRun:
     cum_negative: torch.Tensor
 
     @classmethod
-    def from_weights(cls, scores, positive, negative):
+    def from_weights(cls, scores: torch.Tensor, positive: torch.Tensor,
+                     negative: torch.Tensor) -> _SortedRun:
         distinct, group = torch.unique(scores, sorted=True, return_inverse=True)
         zeros = torch.zeros(distinct.numel() + 1, dtype=torch.float64)
         cum_positive = zeros.index_add(0, group + 1, positive).cumsum_(0)
@@ -30,23 +34,23 @@ class _SortedRun:
         return cls(distinct, cum_positive, cum_negative)
 
     @property
-    def positive(self):
+    def positive(self) -> torch.Tensor:
         return self.cum_positive.diff()
 
     @property
-    def negative(self):
+    def negative(self) -> torch.Tensor:
         return self.cum_negative.diff()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.scores.numel()
 
-    def ordered_pairs_within(self):
+    def ordered_pairs_within(self) -> float:
         """Weight of (positive, negative) pairs ranked right, ties as 1/2."""
         return float(
             self.positive @ (self.cum_negative[:-1] + 0.5 * self.negative))
 
-    def ordered_pairs_across(self, other):
-        """Weight of pairs with one example here and one in ``other``."""
+    def ordered_pairs_across(self, other: _SortedRun) -> float:
+        """Weight of pairs with one example here and one in `other`."""
         low = torch.searchsorted(other.scores, self.scores, side="left")
         high = torch.searchsorted(other.scores, self.scores, side="right")
         negative_below = other.cum_negative[low]
@@ -57,15 +61,15 @@ class _SortedRun:
             self.positive @ (negative_below + 0.5 * negative_tied)
             + self.negative @ (positive_above + 0.5 * positive_tied))
 
-    def merged(self, other):
+    def merged(self, other: _SortedRun) -> _SortedRun:
         return _SortedRun.from_weights(
             torch.cat([self.scores, other.scores]),
             torch.cat([self.positive, other.positive]),
             torch.cat([self.negative, other.negative]))
 
 
-def _gather(obj):
-    """Every rank's ``obj``, in rank order (just ``[obj]`` in one process)."""
+def _gather(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (just `[obj]` in one process)."""
     from reckeras import distributed
     world = distributed.world()
     if world.size == 1:
@@ -76,7 +80,7 @@ def _gather(obj):
     return parts
 
 
-def _as_cpu_float64(values):
+def _as_cpu_float64(values: Any) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.detach().to(device="cpu", dtype=torch.float64)
     return torch.as_tensor(np.asarray(values), dtype=torch.float64)
@@ -102,6 +106,10 @@ class AUC(keras.metrics.Metric):
     positive and a negative have been seen (with non-zero weight), the result
     is 0.0, as for `keras.metrics.AUC`.
 
+    Under torchrun, `rk.Model` calls `sync_across_ranks` at the end of
+    every epoch and of `evaluate`, so the logged AUC is that of every rank's
+    examples.
+
     Args:
         name: name of the metric.
         dtype: dtype of the result.
@@ -114,21 +122,23 @@ class AUC(keras.metrics.Metric):
     float(auc.result())  # 0.75
 
     model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
                   metrics=[rk.metrics.AUC()])
     ```
     """
 
-    def __init__(self, name="auc", dtype=None):
+    def __init__(self, name: str = "auc", dtype: str | None = None):
         super().__init__(name=name, dtype=dtype)
         self.reset_state()
 
-    def reset_state(self):
+    def reset_state(self) -> None:
         # Each run is more than twice as long as the next, so there are at
         # most log2(distinct scores) of them.
         self._runs = []
         self._ordered_pairs = 0.0
 
-    def update_state(self, y_true, y_pred, sample_weight=None):
+    def update_state(self, y_true: Any, y_pred: Any,
+                     sample_weight: Any = None) -> None:
         # Keras traces metrics on placeholder tensors inside a stateless scope
         # to build them; that pass must not count as data.
         if in_stateless_scope():
@@ -162,7 +172,8 @@ class AUC(keras.metrics.Metric):
             self._runs.append(self._runs.pop().merged(last))
 
     @staticmethod
-    def _broadcast_weights(weights, score_shape):
+    def _broadcast_weights(weights: torch.Tensor,
+                           score_shape: torch.Size) -> torch.Tensor:
         if weights.numel() == score_shape.numel():
             return weights
         # Per-example weights of shape [B] apply to every score of a [B, k]
@@ -178,7 +189,8 @@ class AUC(keras.metrics.Metric):
                 f"{tuple(score_shape)}.") from None
 
     @staticmethod
-    def _check_values(labels, scores, weights):
+    def _check_values(labels: torch.Tensor, scores: torch.Tensor,
+                      weights: torch.Tensor) -> None:
         if not torch.all((labels == 0) | (labels == 1)):
             bad = labels[(labels != 0) & (labels != 1)][0].item()
             raise ValueError(f"AUC labels must be 0 or 1; got {bad}.")
@@ -190,7 +202,7 @@ class AUC(keras.metrics.Metric):
                 f"AUC sample weights must be finite and non-negative; got "
                 f"{bad.item()}.")
 
-    def result(self):
+    def result(self) -> Any:
         positive = sum(float(run.cum_positive[-1]) for run in self._runs)
         negative = sum(float(run.cum_negative[-1]) for run in self._runs)
         if positive > 0 and negative > 0:
@@ -199,8 +211,13 @@ class AUC(keras.metrics.Metric):
             auc = 0.0
         return keras.ops.convert_to_tensor(auc, dtype=self.dtype)
 
-    def sync_across_ranks(self):
-        """Merges every rank's examples, so ``result()`` is the exact global AUC."""
+    def sync_across_ranks(self) -> None:
+        """Merges every rank's examples, so `result()` is the exact global AUC.
+
+        Every rank must call it (it is a collective); in one process it
+        changes nothing. `rk.Model` calls it at the end of every epoch
+        and of `evaluate`.
+        """
         local = [(r.scores, r.positive, r.negative) for r in self._runs]
         runs = [run for part in _gather(local) for run in part]
         self.reset_state()
@@ -214,11 +231,11 @@ class AUC(keras.metrics.Metric):
 class GAUC(keras.metrics.Metric):
     """Group AUC: the AUC of every group (e.g. user), averaged by group size.
 
-    ``GAUC = sum_g n_g * AUC_g / sum_g n_g`` over the groups that hold both
+    `GAUC = sum_g n_g * AUC_g / sum_g n_g` over the groups that hold both
     a positive and a negative example (AUC is undefined for the others);
-    ``n_g`` is the group's number of examples. Each ``AUC_g`` is exact, with
+    `n_g` is the group's number of examples. Each `AUC_g` is exact, with
     tied scores counting 1/2. The group of each example is the model input
-    named ``group``: ``rk.Model`` passes it to the metric.
+    named `group`: `rk.Model` passes it to the metric.
 
     Args:
         group: name of the model input (feature) that identifies the group.
@@ -226,24 +243,42 @@ class GAUC(keras.metrics.Metric):
         dtype: result dtype.
 
     Example:
-        ```python
-        model.compile(optimizer="adam", loss="binary_crossentropy",
-                      embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
-                      metrics=[rk.metrics.AUC(), rk.metrics.GAUC(group="user_id")])
-        ```
+
+    ```python
+    gauc = rk.metrics.GAUC(group="user_id")
+    gauc.update_state([0, 1, 1, 0], [0.2, 0.9, 0.3, 0.6], groups=[7, 7, 8, 8])
+    float(gauc.result())  # 0.5: user 7 ranked right, user 8 wrong
+
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
+                  metrics=[rk.metrics.AUC(), rk.metrics.GAUC(group="user_id")])
+    ```
     """
 
-    def __init__(self, group, name="gauc", dtype=None):
+    def __init__(self, group: str, name: str = "gauc", dtype: str | None = None):
         super().__init__(name=name, dtype=dtype)
         if not isinstance(group, str) or not group:
             raise ValueError(f"GAUC needs the name of the group input, got {group!r}")
         self.group = group
         self.reset_state()
 
-    def reset_state(self):
+    def reset_state(self) -> None:
         self._parts = []
 
-    def update_state(self, y_true, y_pred, sample_weight=None, groups=None):
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None,
+                     groups: Any = None) -> None:
+        """Adds a batch of examples.
+
+        Args:
+            y_true: 0/1 labels, one per score.
+            y_pred: scores.
+            sample_weight: ignored (every example of a group counts once).
+            groups: the group id of every example; `rk.Model` passes the
+                values of the `group` input.
+
+        Raises:
+            ValueError: when `groups` is missing or the sizes differ.
+        """
         if in_stateless_scope():
             return
         if groups is None:
@@ -258,11 +293,16 @@ class GAUC(keras.metrics.Metric):
                              f"{len(scores)} scores")
         self._parts.append((groups.astype(np.int64), labels, scores))
 
-    def sync_across_ranks(self):
-        """Gathers every rank's examples, so ``result()`` is global."""
+    def sync_across_ranks(self) -> None:
+        """Gathers every rank's examples, so `result()` is global.
+
+        Every rank must call it (it is a collective); in one process it
+        changes nothing. `rk.Model` calls it at the end of every epoch
+        and of `evaluate`.
+        """
         self._parts = [part for parts in _gather(list(self._parts)) for part in parts]
 
-    def result(self):
+    def result(self) -> Any:
         if not self._parts:
             return keras.ops.convert_to_tensor(0.0, dtype=self.dtype)
         groups, labels, scores = (np.concatenate(c) for c in zip(*self._parts))
@@ -292,5 +332,5 @@ class GAUC(keras.metrics.Metric):
         value = float((auc * sizes[valid]).sum() / sizes[valid].sum())
         return keras.ops.convert_to_tensor(value, dtype=self.dtype)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "group": self.group}
