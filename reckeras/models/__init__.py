@@ -1,4 +1,4 @@
-"""Model zoo: functions from FeatureColumns to uncompiled ``rk.Model``s."""
+"""Model zoo: functions from FeatureColumns to uncompiled `rk.Model`s."""
 
 from reckeras.models.bst import bst
 from reckeras.models.dcn_v2 import dcn_v2

@@ -1,5 +1,10 @@
 """DCN-V2 (Wang et al., WWW 2021) built from reckeras's public layers."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence as _Sequence
+from typing import TYPE_CHECKING, Any
+
 import keras
 
 from reckeras.layers.crossnet import CrossNet
@@ -7,36 +12,50 @@ from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.pipeline.model import Model
 
+if TYPE_CHECKING:
+    from reckeras.layers.feature_columns import FeatureColumns
+
 STRUCTURES = ("stacked", "parallel")
 
 
-def dcn_v2(columns, cross_layers=3, low_rank=None, deep_units=(256, 128),
-           structure="stacked", output_activation="sigmoid", table_options=None):
-    """An uncompiled DCN-V2 over ``columns``.
+def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None = None,
+           deep_units: _Sequence[int] = (256, 128), structure: str = "stacked",
+           output_activation: Any = "sigmoid",
+           table_options: dict[str, Any] | None = None) -> Model:
+    """An uncompiled DCN-V2 over `columns`.
 
     The dense features and every pooled embedding are concatenated into
-    ``x_0``; a ``rk.layers.CrossNet`` and a deep MLP either run one after the
-    other (``"stacked"``: cross network, then MLP) or side by side
-    (``"parallel"``: both read ``x_0``, their outputs are concatenated), and
+    `x_0`; a `rk.layers.CrossNet` and a deep MLP either run one after the
+    other (`"stacked"`: cross network, then MLP) or side by side
+    (`"parallel"`: both read `x_0`, their outputs are concatenated), and
     a last linear layer gives the output.
 
     Args:
-        columns: a ``rk.layers.FeatureColumns`` whose sparse features are
+        columns: a `rk.layers.FeatureColumns` whose sparse features are
             pooled (Categorical, Cross, pooled Sequence); dims may differ.
         cross_layers: number of cross layers.
-        low_rank: None for full cross matrices, else their rank.
+        low_rank: `None` for full cross matrices, else their rank.
         deep_units: widths of the deep MLP's layers (ReLU).
-        structure: ``"stacked"`` or ``"parallel"``.
+        structure: `"stacked"` or `"parallel"`.
         output_activation: activation of the output layer.
-        table_options: per-table options, passed to ``ShardedEmbedding``.
+        table_options: per-table options, passed to `ShardedEmbedding`.
 
     Returns:
-        An ``rk.Model``.
+        An `rk.Model`.
+
+    Raises:
+        ValueError: for an unknown `structure`.
 
     Example:
-        >>> model = rk.models.dcn_v2(columns, cross_layers=3, low_rank=64)
-        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
-        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+
+    ```python
+    columns = rk.layers.FeatureColumns(
+        [rk.features.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
+        + [rk.features.Categorical(f"C{i}", dim=16) for i in range(1, 27)])
+    model = rk.models.dcn_v2(columns, cross_layers=3, low_rank=64)
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    ```
     """
     if structure not in STRUCTURES:
         raise ValueError(f"dcn_v2 structure must be one of {STRUCTURES}, got "

@@ -1,16 +1,24 @@
 """DeepFM (Guo et al., IJCAI 2017) built from reckeras's public layers."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence as _Sequence
+from typing import TYPE_CHECKING, Any
+
 import keras
 
-from reckeras.features.specs import deserialize, serialize
+from reckeras.features.specs import FeatureSpec, deserialize, serialize
 from reckeras.layers.fm import FM
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.pipeline.model import Model
 
+if TYPE_CHECKING:
+    from reckeras.layers.feature_columns import FeatureColumns
 
-def _first_order_specs(columns):
-    """The sparse specs with dim 1, on tables of their own (``<table>:linear``)."""
+
+def _first_order_specs(columns: FeatureColumns) -> list[FeatureSpec]:
+    """The sparse specs with dim 1, on tables of their own (`<table>:linear`)."""
     specs = []
     for spec in columns.sparse_specs:
         config = serialize(spec)
@@ -20,32 +28,42 @@ def _first_order_specs(columns):
     return [deserialize(config) for config in specs]
 
 
-def deepfm(columns, deep_units=(256, 128), dropout=0.0, output_activation="sigmoid",
-           table_options=None):
-    """An uncompiled DeepFM over ``columns``.
+def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
+           dropout: float = 0.0, output_activation: Any = "sigmoid",
+           table_options: dict[str, Any] | None = None) -> Model:
+    """An uncompiled DeepFM over `columns`.
 
     The logit is the sum of three terms sharing one input: a first-order
-    term (one learned weight per id, from dim-1 tables ``<table>:linear``,
+    term (one learned weight per id, from dim-1 tables `<table>:linear`,
     plus a linear function of the dense features), the factorization
-    machine's pairwise term over the embeddings (``rk.layers.FM``), and a
+    machine's pairwise term over the embeddings (`rk.layers.FM`), and a
     deep MLP over the dense features and the flattened embeddings.
 
     Args:
-        columns: a ``rk.layers.FeatureColumns`` whose sparse features are
+        columns: a `rk.layers.FeatureColumns` whose sparse features are
             pooled and share one dim (the FM's factors).
         deep_units: widths of the deep MLP's hidden layers.
         dropout: dropout rate of the deep MLP.
         output_activation: activation applied to the summed logit.
-        table_options: per-table options, passed to ``ShardedEmbedding``
+        table_options: per-table options, passed to `ShardedEmbedding`
             (of the factor tables).
 
     Returns:
-        An ``rk.Model``.
+        An `rk.Model`.
+
+    Raises:
+        ValueError: when the sparse features have several dims.
 
     Example:
-        >>> model = rk.models.deepfm(columns, deep_units=(256, 128))
-        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
-        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+
+    ```python
+    columns = rk.layers.FeatureColumns(
+        [rk.features.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
+        + [rk.features.Categorical(f"C{i}", dim=16) for i in range(1, 27)])
+    model = rk.models.deepfm(columns, deep_units=(256, 128))
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    ```
     """
     dims = {spec.dim for spec in columns.sparse_specs}
     if len(dims) != 1:

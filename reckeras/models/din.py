@@ -1,5 +1,10 @@
 """DIN (Zhou et al., KDD 2018) built from reckeras's public layers."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence as _Sequence
+from typing import TYPE_CHECKING, Any
+
 import keras
 
 from reckeras.features.specs import Categorical, Sequence
@@ -8,15 +13,41 @@ from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.pipeline.model import Model
 
+if TYPE_CHECKING:
+    from reckeras.layers.feature_columns import FeatureColumns
 
-def behaviour_pairs(columns, history, model):
-    """``[(history spec, target spec)]`` of a sequence model.
+
+def behaviour_pairs(columns: FeatureColumns, history: dict[str, str] | None,
+                    model: str) -> list[tuple[Sequence, Categorical]]:
+    """The `(history spec, target spec)` pairs of a sequence model.
 
     Args:
         columns: the model's FeatureColumns.
-        history: ``{history feature: target feature}``, or None to pair
+        history: `{history feature: target feature}`, or `None` to pair
             every unpooled Sequence with the one Categorical sharing its table.
         model: the model's name, for messages.
+
+    Returns:
+        A list of `(Sequence, Categorical)` spec pairs, in `history` order.
+
+    Raises:
+        ValueError: when a pair is not an unpooled Sequence and a Categorical
+            of one dim, a target cannot be picked, an unpooled Sequence is
+            left out, or the histories differ in `max_len`.
+
+    Example:
+
+    ```python
+    from reckeras.models.din import behaviour_pairs
+
+    columns = rk.layers.FeatureColumns([
+        rk.features.Numeric("hist_len", transform="log1p"),
+        rk.features.Categorical("item", dim=16, table="item"),
+        rk.features.Sequence("hist_items", dim=16, max_len=50, table="item",
+                             combiner=None)])
+    [(h.name, t.name) for h, t in behaviour_pairs(columns, None, "din")]
+    # [('hist_items', 'item')]
+    ```
     """
     specs = {s.name: s for s in columns.sparse_specs}
     unpooled = [s.name for s in columns.sparse_specs
@@ -61,7 +92,11 @@ def behaviour_pairs(columns, history, model):
     return pairs
 
 
-def behaviour_features(columns, history, table_options, model):
+def behaviour_features(
+        columns: FeatureColumns, history: dict[str, str] | None,
+        table_options: dict[str, Any] | None, model: str,
+) -> tuple[dict[str, keras.KerasTensor], keras.KerasTensor, keras.KerasTensor,
+           keras.KerasTensor, keras.KerasTensor]:
     """What DIN and BST share: their inputs, the target and history tensors.
 
     The histories (e.g. items and categories) are concatenated position by
@@ -70,10 +105,31 @@ def behaviour_features(columns, history, table_options, model):
     the first history's: the histories must be aligned (one behaviour per
     position in all of them).
 
+    Args:
+        columns: the model's FeatureColumns.
+        history: as for `behaviour_pairs`.
+        table_options: per-table options, passed to `ShardedEmbedding`.
+        model: the model's name, for messages.
+
     Returns:
-        ``(inputs, query [B, Dq], keys [B, L, Dq], mask [B, L],
-        context [B, n])``, ``context`` being the dense features and every
+        `(inputs, query [B, Dq], keys [B, L, Dq], mask [B, L],
+        context [B, n])`, `context` being the dense features and every
         pooled embedding, targets included.
+
+    Example:
+
+    ```python
+    from reckeras.models.din import behaviour_features
+
+    columns = rk.layers.FeatureColumns([
+        rk.features.Numeric("hist_len", transform="log1p"),
+        rk.features.Categorical("item", dim=16, table="item"),
+        rk.features.Sequence("hist_items", dim=16, max_len=50, table="item",
+                             combiner=None)])
+    inputs, query, keys, mask, context = behaviour_features(
+        columns, None, None, "din")
+    keys.shape   # (None, 50, 16)
+    ```
     """
     pairs = behaviour_pairs(columns, history, model)
     inputs = columns.inputs()
@@ -81,7 +137,7 @@ def behaviour_features(columns, history, table_options, model):
     embedded = ShardedEmbedding(columns, output="dict",
                                 table_options=table_options)(sparse)
 
-    def joined(tensors, axis):
+    def joined(tensors: list[keras.KerasTensor], axis: int) -> keras.KerasTensor:
         return tensors[0] if len(tensors) == 1 else \
             keras.ops.concatenate(tensors, axis=axis)
 
@@ -95,23 +151,25 @@ def behaviour_features(columns, history, table_options, model):
     return inputs, query, keys, mask, context
 
 
-def din(columns, history=None, attention_units=(80, 40),
-        attention_activation="relu", softmax=False, top_units=(200, 80, 1),
-        output_activation="sigmoid", table_options=None):
-    """An uncompiled DIN over ``columns``.
+def din(columns: FeatureColumns, history: dict[str, str] | None = None,
+        attention_units: _Sequence[int] = (80, 40), attention_activation: Any = "relu",
+        softmax: bool = False, top_units: _Sequence[int] = (200, 80, 1),
+        output_activation: Any = "sigmoid",
+        table_options: dict[str, Any] | None = None) -> Model:
+    """An uncompiled DIN over `columns`.
 
     The target item attends over the user's behaviours with DIN's activation
-    unit (``rk.layers.TargetAttention``); the resulting interest vector joins
+    unit (`rk.layers.TargetAttention`); the resulting interest vector joins
     the dense features and every pooled embedding (user profile, target) in
     the top MLP.
 
     Args:
-        columns: a ``rk.layers.FeatureColumns`` with at least one unpooled
-            ``Sequence`` history (``combiner=None``) and its ``Categorical``
-            target, e.g. ``hist_items``/``item`` on a shared table
-            ``"item"``; more pairs (``hist_cats``/``category``) are
+        columns: a `rk.layers.FeatureColumns` with at least one unpooled
+            `Sequence` history (`combiner=None`) and its `Categorical`
+            target, e.g. `hist_items`/`item` on a shared table
+            `"item"`; more pairs (`hist_cats`/`category`) are
             concatenated per position.
-        history: ``{history feature: target feature}``; by default each
+        history: `{history feature: target feature}`; by default each
             unpooled Sequence is paired with the Categorical sharing its
             table.
         attention_units: hidden widths of the activation unit's MLP.
@@ -120,20 +178,27 @@ def din(columns, history=None, attention_units=(80, 40),
         softmax: softmax-normalize the attention scores (DIN does not).
         top_units: widths of the top MLP; the last is the output width.
         output_activation: activation of the last top layer.
-        table_options: per-table options, passed to ``ShardedEmbedding``.
+        table_options: per-table options, passed to `ShardedEmbedding`.
 
     Returns:
-        An ``rk.Model``.
+        An `rk.Model`.
+
+    Raises:
+        ValueError: when the columns have no history or the histories do
+            not pair with targets (see `behaviour_pairs`).
 
     Example:
-        >>> columns = rk.layers.FeatureColumns([
-        ...     rk.features.Numeric("hist_len", transform="log1p"),
-        ...     rk.features.Categorical("item", dim=16, table="item"),
-        ...     rk.features.Sequence("hist_items", dim=16, max_len=50,
-        ...                          table="item", combiner=None)])
-        >>> model = rk.models.din(columns)
-        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
-        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+
+    ```python
+    columns = rk.layers.FeatureColumns([
+        rk.features.Numeric("hist_len", transform="log1p"),
+        rk.features.Categorical("item", dim=16, table="item"),
+        rk.features.Sequence("hist_items", dim=16, max_len=50, table="item",
+                             combiner=None)])
+    model = rk.models.din(columns)
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    ```
     """
     inputs, query, keys, mask, context = behaviour_features(
         columns, history, table_options, "din")

@@ -1,37 +1,58 @@
 """DLRM (Naumov et al., 2019) built from reckeras's public layers."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence as _Sequence
+from typing import TYPE_CHECKING, Any
+
 from reckeras.layers.interactions import DotInteraction
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.pipeline.model import Model
 
+if TYPE_CHECKING:
+    from reckeras.layers.feature_columns import FeatureColumns
 
-def dlrm(columns, bottom_units=(512, 256, 16), top_units=(512, 256, 1),
-         self_interaction=False, output_activation="sigmoid", table_options=None):
-    """An uncompiled DLRM over ``columns``.
+
+def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
+         top_units: _Sequence[int] = (512, 256, 1), self_interaction: bool = False,
+         output_activation: Any = "sigmoid",
+         table_options: dict[str, Any] | None = None) -> Model:
+    """An uncompiled DLRM over `columns`.
 
     Dense features go through the bottom MLP, whose output joins the pooled
     embeddings of every sparse feature in a pairwise dot interaction; the top
     MLP maps the interaction (with the bottom output) to the prediction.
 
     Args:
-        columns: a ``rk.layers.FeatureColumns`` with at least one numeric
-            feature and sparse features of one dim.
+        columns: a `rk.layers.FeatureColumns` with at least one numeric
+            feature and pooled sparse features of one dim.
         bottom_units: widths of the bottom MLP; the last must equal the
             embedding dim.
         top_units: widths of the top MLP; the last is the output width.
         self_interaction: include each vector's dot with itself.
         output_activation: activation of the last top layer.
         table_options: per-table admission/eviction options, passed to
-            ``ShardedEmbedding``.
+            `ShardedEmbedding`.
 
     Returns:
-        An ``rk.Model``.
+        An `rk.Model`.
+
+    Raises:
+        ValueError: when the columns have no Numeric feature, sparse
+            features of several dims, or a last bottom unit other than
+            their dim.
 
     Example:
-        >>> model = rk.models.dlrm(columns)
-        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
-        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+
+    ```python
+    columns = rk.layers.FeatureColumns(
+        [rk.features.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
+        + [rk.features.Categorical(f"C{i}", dim=16) for i in range(1, 27)])
+    model = rk.models.dlrm(columns)      # bottom MLP ends at the dim, 16
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    ```
     """
     dims = {spec.dim for spec in columns.sparse_specs}
     if len(dims) != 1:
