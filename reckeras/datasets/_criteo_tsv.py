@@ -6,8 +6,11 @@ and 26 hex-hashed categories C1..C26, tab-separated, no header, with empty
 fields for missing values. Files may be gzip-compressed (`.gz`).
 """
 
+from __future__ import annotations
+
 import glob
 import os
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -27,12 +30,12 @@ SCHEMA = pa.schema(
 _BLOCK_BYTES = 16 << 20
 
 
-def _open_stream(path):
+def _open_stream(path: str) -> pa.NativeFile:
     return pa.input_stream(path, compression="detect")
 
 
-def _first_bad_line(path):
-    """(line number, field count) of the first line without 40 fields."""
+def _first_bad_line(path: str) -> tuple[int, int] | None:
+    """`(line number, field count)` of the first line without 40 fields, if any."""
     with _open_stream(path) as stream:
         line_number, tail = 0, b""
         while chunk := stream.read(_BLOCK_BYTES):
@@ -48,12 +51,14 @@ def _first_bad_line(path):
 
 
 class _CriteoTsvSource:
-    def __init__(self, files):
+    """The source of a Criteo TSV `Dataset`: its units are the files."""
+
+    def __init__(self, files: Sequence[str | os.PathLike]):
         self.files = [str(f) for f in files]
         self.schema = SCHEMA
         self._unit_rows = None
 
-    def unit_rows(self):
+    def unit_rows(self) -> list[int]:
         # Counting lines needs a pass over the files, so it waits until a
         # caller needs row counts (plain unsharded, unshuffled reads do not).
         if self._unit_rows is None:
@@ -61,7 +66,7 @@ class _CriteoTsvSource:
         return self._unit_rows
 
     @staticmethod
-    def _count_lines(path):
+    def _count_lines(path: str) -> int:
         lines, last = 0, b"\n"
         with _open_stream(path) as stream:
             while chunk := stream.read(_BLOCK_BYTES):
@@ -69,7 +74,8 @@ class _CriteoTsvSource:
                 last = chunk[-1:]
         return lines + (last != b"\n")
 
-    def read_unit(self, unit, start, stop, columns):
+    def read_unit(self, unit: int, start: int, stop: int,
+                  columns: list[str] | None) -> Iterator[pa.Table]:
         path = self.files[unit]
         try:
             yield from self._read_rows(path, start, stop, columns)
@@ -82,7 +88,8 @@ class _CriteoTsvSource:
                 f"{path}, line {line}: expected {len(COLUMNS)} tab-separated "
                 f"fields (label, I1..I13, C1..C26), got {fields}") from error
 
-    def _read_rows(self, path, start, stop, columns):
+    def _read_rows(self, path: str, start: int, stop: int,
+                   columns: list[str] | None) -> Iterator[pa.Table]:
         reader = pcsv.open_csv(
             _open_stream(path),
             read_options=pcsv.ReadOptions(column_names=COLUMNS,
@@ -102,7 +109,7 @@ class _CriteoTsvSource:
                 return
 
 
-def criteo_tsv(path_or_glob):
+def criteo_tsv(path_or_glob: str | os.PathLike) -> Dataset:
     """Opens Criteo click logs in their original tab-separated format.
 
     Lines hold the label, I1..I13 and C1..C26. Batches carry `label` and
@@ -124,8 +131,11 @@ def criteo_tsv(path_or_glob):
             file and line).
 
     Example:
-        >>> days = rk.datasets.criteo_tsv("/data/criteo/day_*.gz")
-        >>> batch = next(days.batches(4096, columns=["label", "C1"]))
+
+    ```python
+    days = rk.datasets.criteo_tsv("/data/criteo/day_*.gz")
+    batch = next(days.batches(4096, columns=["label", "C1"]))
+    ```
     """
     pattern = os.fspath(path_or_glob)
     files = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))

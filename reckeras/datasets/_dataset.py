@@ -12,6 +12,11 @@ A source has `files` (list of paths), `schema` (pyarrow.Schema),
 [start, stop) of that unit).
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -39,39 +44,40 @@ class Dataset:
         metadata: a dict describing the data.
 
     Example:
-        >>> import reckeras as rk
-        >>> train = rk.datasets.load("criteo_synth", split="train")
-        >>> batch = next(train.batches(4096, shuffle=True, seed=1))
-        >>> batch.num_rows
-        4096
+
+    ```python
+    train = rk.datasets.load("criteo_synth", split="train")
+    batch = next(train.batches(4096, shuffle=True, seed=1))
+    batch.num_rows   # 4096
+    ```
     """
 
-    def __init__(self, source, name, metadata):
+    def __init__(self, source: Any, name: str, metadata: dict[str, Any]):
         self._source = source
         self.name = name
         self.metadata = metadata
         self.label = LABEL
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Dataset({self.name!r}, files={len(self.files)}, "
                 f"columns={len(self.schema)})")
 
     @property
-    def files(self):
+    def files(self) -> list[str]:
         """The paths read, in storage order."""
         return list(self._source.files)
 
     @property
-    def schema(self):
+    def schema(self) -> pa.Schema:
         """The `pyarrow.Schema` of every batch (before column selection)."""
         return self._source.schema
 
     @property
-    def num_rows(self):
+    def num_rows(self) -> int:
         """Total number of rows (may need one pass over text files)."""
         return int(sum(self._source.unit_rows()))
 
-    def _shard_range(self, shard_index, num_shards):
+    def _shard_range(self, shard_index: int, num_shards: int) -> tuple[int, int]:
         if not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
         if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
@@ -82,8 +88,8 @@ class Dataset:
         return (total * shard_index // num_shards,
                 total * (shard_index + 1) // num_shards)
 
-    def num_batches(self, batch_size, drop_remainder=False, shard_index=0,
-                    num_shards=1):
+    def num_batches(self, batch_size: int, drop_remainder: bool = False,
+                    shard_index: int = 0, num_shards: int = 1) -> int:
         """Number of batches that `batches` yields with the same arguments.
 
         Args:
@@ -96,17 +102,21 @@ class Dataset:
             The batch count of that shard (shuffling does not change it).
 
         Example:
-            >>> train.num_batches(4096, drop_remainder=True)
-            48
+
+        ```python
+        train = rk.datasets.load("criteo_synth", split="train")
+        train.num_batches(4096, drop_remainder=True)   # 48
+        ```
         """
         _check_batch_size(batch_size)
         start, stop = self._shard_range(shard_index, num_shards)
         rows = stop - start
         return rows // batch_size if drop_remainder else -(-rows // batch_size)
 
-    def batches(self, batch_size, *, shuffle=False, seed=0,
-                drop_remainder=False, columns=None, shard_index=0,
-                num_shards=1):
+    def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+                drop_remainder: bool = False,
+                columns: str | Sequence[str] | None = None, shard_index: int = 0,
+                num_shards: int = 1) -> Iterator[pa.RecordBatch]:
         """Streams the rows as `pyarrow.RecordBatch`es of `batch_size` rows.
 
         Shards are balanced contiguous row ranges of the (possibly shuffled)
@@ -122,7 +132,8 @@ class Dataset:
             seed: seed of the shuffle; the same seed gives the same order.
             drop_remainder: whether to drop a last batch smaller than
                 `batch_size`.
-            columns: names of the columns to read; all when None.
+            columns: names of the columns to read (or one name); all when
+                `None`.
             shard_index: which shard to read, in [0, num_shards).
             num_shards: number of disjoint shards the rows are split into.
 
@@ -133,9 +144,16 @@ class Dataset:
             ValueError: for a bad batch size or shard, or an unknown column.
 
         Example:
-            >>> for batch in train.batches(4096, shuffle=True, seed=epoch,
-            ...                            shard_index=rank, num_shards=world):
-            ...     labels = batch.column("label")
+
+        ```python
+        train = rk.datasets.load("criteo_synth", split="train")
+        world = rk.distributed.world()
+        for epoch in range(2):
+            for batch in train.batches(4096, shuffle=True, seed=epoch,
+                                       shard_index=world.rank,
+                                       num_shards=world.size):
+                labels = batch.column("label")
+        ```
         """
         _check_batch_size(batch_size)
         if columns is not None:
@@ -152,7 +170,8 @@ class Dataset:
             pieces = _window_shuffle(pieces, window_rng)
         return _rebatch(pieces, batch_size, drop_remainder)
 
-    def _read_range(self, start, stop, shuffle, seed, columns):
+    def _read_range(self, start: int, stop: int, shuffle: bool, seed: int,
+                    columns: list[str] | None) -> Iterator[pa.Table]:
         unit_rows = self._source.unit_rows()
         order = np.arange(len(unit_rows))
         if shuffle:
@@ -167,21 +186,25 @@ class Dataset:
             if offset >= stop:
                 return
 
-    def to_table(self):
+    def to_table(self) -> pa.Table:
         """Reads every row into one `pyarrow.Table`.
 
         Returns:
             A table with `schema`, rows in storage order.
 
         Example:
-            >>> labels = test.to_table()["label"].to_numpy()
+
+        ```python
+        test = rk.datasets.load("criteo_synth", split="test")
+        labels = test.to_table()["label"].to_numpy()
+        ```
         """
         pieces = list(self._read_range(0, self.num_rows, False, 0, None))
         if not pieces:
             return self.schema.empty_table()
         return pa.concat_tables(pieces)
 
-    def bayes_auc(self):
+    def bayes_auc(self) -> float:
         """Exact ROC AUC of the hidden teacher's probability on these rows.
 
         This is the best AUC any model can reach on these rows in
@@ -195,9 +218,11 @@ class Dataset:
             ValueError: when the dataset has no `teacher_prob` column.
 
         Example:
-            >>> test = rk.datasets.load("criteo_synth", split="test")
-            >>> round(test.bayes_auc(), 3)
-            0.847
+
+        ```python
+        test = rk.datasets.load("criteo_synth", split="test")
+        round(test.bayes_auc(), 3)   # 0.847
+        ```
         """
         if TEACHER_PROB not in self.schema.names:
             raise ValueError(
@@ -209,13 +234,14 @@ class Dataset:
         return roc_auc(table[LABEL].to_numpy(), table[TEACHER_PROB].to_numpy())
 
 
-def _check_batch_size(batch_size):
+def _check_batch_size(batch_size: Any) -> None:
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
-def _window_shuffle(pieces, rng):
-    """Permutes rows within consecutive windows of _SHUFFLE_WINDOW_ROWS rows."""
+def _window_shuffle(pieces: Iterable[pa.Table],
+                    rng: np.random.Generator) -> Iterator[pa.Table]:
+    """Permutes rows within consecutive windows of `_SHUFFLE_WINDOW_ROWS` rows."""
     window, window_rows = [], 0
     for piece in pieces:
         window.append(piece)
@@ -227,13 +253,14 @@ def _window_shuffle(pieces, rng):
         yield _permuted(window, rng)
 
 
-def _permuted(tables, rng):
+def _permuted(tables: list[pa.Table], rng: np.random.Generator) -> pa.Table:
     table = pa.concat_tables(tables)
     return table.take(rng.permutation(table.num_rows))
 
 
-def _rebatch(pieces, batch_size, drop_remainder):
-    """Regroups a stream of tables into record batches of batch_size rows."""
+def _rebatch(pieces: Iterable[pa.Table], batch_size: int,
+             drop_remainder: bool) -> Iterator[pa.RecordBatch]:
+    """Regroups a stream of tables into record batches of `batch_size` rows."""
     pending, pending_rows = [], 0
     for piece in pieces:
         if piece.num_rows == 0:
@@ -254,6 +281,6 @@ def _rebatch(pieces, batch_size, drop_remainder):
         yield _single_batch(pending)
 
 
-def _single_batch(tables):
+def _single_batch(tables: list[pa.Table]) -> pa.RecordBatch:
     # combine_chunks leaves one chunk per column, hence exactly one batch.
     return pa.concat_tables(tables).combine_chunks().to_batches()[0]

@@ -1,5 +1,7 @@
 """The packaged datasets: listing, loading and generating them."""
 
+from __future__ import annotations
+
 import builtins
 import json
 import os
@@ -9,6 +11,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from reckeras.datasets import _synth, taobao
+from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -18,20 +21,22 @@ DATA_DIR = Path(__file__).parent / "data"
 _COMPRESSION_LEVEL = 9
 
 
-def list():  # noqa: A001 - the public name is rk.datasets.list
+def list() -> builtins.list[str]:  # noqa: A001 - the public name is rk.datasets.list
     """Names of the packaged datasets.
 
     Returns:
         A sorted list of names accepted by `load` and `generate`.
 
     Example:
-        >>> rk.datasets.list()
-        ['criteo_synth', 'taobao_synth']
+
+    ```python
+    rk.datasets.list()   # ['criteo_synth', 'taobao_synth']
+    ```
     """
     return sorted([*_synth.SPECS, taobao.NAME])
 
 
-def _spec(name, split):
+def _spec(name: str, split: str) -> _synth._SyntheticSpec | None:
     if name == taobao.NAME:
         if split not in taobao.SPLIT_SEEDS:
             raise ValueError(f"dataset {name!r} has no split {split!r}; its splits "
@@ -46,11 +51,28 @@ def _spec(name, split):
     return spec
 
 
-def packaged_path(name, split):
+def packaged_path(name: str, split: str) -> Path:
+    """Where the packaged file of a split lives (it may be missing).
+
+    Args:
+        name: a dataset name, e.g. "criteo_synth".
+        split: "train" or "test".
+
+    Returns:
+        The path `reckeras/datasets/data/<name>_<split>.parquet`.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._registry import packaged_path
+
+    packaged_path("criteo_synth", "test").name   # 'criteo_synth_test.parquet'
+    ```
+    """
     return DATA_DIR / f"{name}_{split}.parquet"
 
 
-def load(name, split="train"):
+def load(name: str, split: str = "train") -> Dataset:
     """Opens a split of a dataset shipped inside the package.
 
     Args:
@@ -66,9 +88,11 @@ def load(name, split="train"):
             (rebuild it with `python -m reckeras.datasets.build`).
 
     Example:
-        >>> test = rk.datasets.load("criteo_synth", split="test")
-        >>> test.num_rows
-        50000
+
+    ```python
+    test = rk.datasets.load("criteo_synth", split="test")
+    test.num_rows   # 50000
+    ```
     """
     _spec(name, split)
     path = packaged_path(name, split)
@@ -79,7 +103,8 @@ def load(name, split="train"):
     return open_files([path], f"{name}:{split}")
 
 
-def generate(name, rows, path, split="train", seed=None):
+def generate(name: str, rows: int, path: str | os.PathLike, split: str = "train",
+             seed: int | None = None) -> Dataset:
     """Writes a synthetic split of any size to a parquet file.
 
     The rows come from the same hidden teacher as the packaged splits, in
@@ -103,8 +128,11 @@ def generate(name, rows, path, split="train", seed=None):
         ValueError: for an unknown name or split, or a non-positive `rows`.
 
     Example:
-        >>> big = rk.datasets.generate("criteo_synth", 5_000_000,
-        ...                            "/tmp/criteo_synth_5m.parquet")
+
+    ```python
+    big = rk.datasets.generate("criteo_synth", 5_000_000,
+                               "/tmp/criteo_synth_5m.parquet")
+    ```
     """
     if name == taobao.NAME:
         _spec(name, split)

@@ -1,9 +1,13 @@
 """Exact ROC AUC, kept private: the metrics package has the training-time one."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
 
-def roc_auc(labels, scores):
+def roc_auc(labels: Any, scores: Any) -> float:
     """Exact ROC AUC via the Mann-Whitney rank sum; ties get average ranks.
 
     Args:
@@ -19,8 +23,12 @@ def roc_auc(labels, scores):
             or when one of the classes is absent.
 
     Example:
-        >>> roc_auc([0, 1, 1, 0], [0.1, 0.8, 0.4, 0.4])
-        0.875
+
+    ```python
+    from reckeras.datasets._stats import roc_auc
+
+    roc_auc([0, 1, 1, 0], [0.1, 0.8, 0.4, 0.4])   # 0.875
+    ```
     """
     labels = np.asarray(labels)
     scores = np.asarray(scores, dtype=np.float64)

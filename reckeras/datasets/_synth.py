@@ -9,9 +9,11 @@ a file of M > N rows made with the same seed.
 The `criteo_synth` teacher gives every id of field f a latent vector v_f[id]
 and draws the label from sigmoid of
 
-    bias + sum_f s_f v_f[id_f][0]                         (per-id effects)
-         + sum_{(f, g) in pairs} w_fg <v_f[id_f], v_g[id_g]>  (interactions)
-         + sum_j h_j(log1p(I_j))                          (steps and a bump)
+```
+bias + sum_f s_f v_f[id_f][0]                         (per-id effects)
+     + sum_{(f, g) in pairs} w_fg <v_f[id_f], v_g[id_g]>  (interactions)
+     + sum_j h_j(log1p(I_j))                          (steps and a bump)
+```
 
 Logistic regression on one-hot ids sees only the first term and a linear
 version of the last; a DLRM's dot interaction and bottom MLP can represent all
@@ -20,8 +22,11 @@ three. Latent vectors shrink with the id's expected count in
 almost no signal, because no model could learn it from there.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -84,7 +89,7 @@ class _SyntheticSpec:
     bias: float
 
 
-def _criteo_synth_spec():
+def _criteo_synth_spec() -> _SyntheticSpec:
     # A few huge id spaces (200k to 1M ids) and many small ones, as in
     # Criteo. The Zipf exponents are steep (1.4 to 1.8) wherever there are
     # more than ~100 ids: the quickstart DLRM gives every id its own row, and
@@ -167,7 +172,7 @@ SPECS = {spec.name: spec for spec in (_criteo_synth_spec(),)}
 class _Teacher:
     """All hidden parameters of one spec, drawn from its teacher seed."""
 
-    def __init__(self, spec):
+    def __init__(self, spec: _SyntheticSpec):
         self.spec = spec
         rng = np.random.default_rng(spec.teacher_seed)
         self.cdf, self.latent, self.missing_latent = {}, {}, {}
@@ -192,19 +197,25 @@ class _Teacher:
         signs = rng.choice([-1.0, 1.0], size=len(spec.interaction_pairs))
         self.pair_weight = signs * spec.interaction_scale / np.sqrt(spec.latent_dim)
 
-    def ids_of_ranks(self, name, ranks):
+    def ids_of_ranks(self, name: str, ranks: np.ndarray) -> np.ndarray:
+        """The scattered int64 ids of the given popularity ranks of a field."""
         mixed = (ranks.astype(np.uint64) * self.id_multiplier[name]
                  + self.id_offset[name]) & _ID_MASK
         # xor-shift is also a bijection on 40 bits; it scatters the low bits.
         mixed ^= mixed >> np.uint64(17)
         return mixed.astype(np.int64)
 
-    def make_rows(self, rng, num_rows):
+    def make_rows(self, rng: np.random.Generator,
+                  num_rows: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Draws rows and the teacher's logit split into its three terms.
 
+        Args:
+            rng: the generator the rows are drawn from.
+            num_rows: the number of rows.
+
         Returns:
-            (columns, terms): columns maps a name to an array, or to a
-            (values, missing mask) pair for nullable columns; terms maps
+            `(columns, terms)`: `columns` maps a name to an array, or to a
+            `(values, missing mask)` pair for nullable columns; `terms` maps
             "ids", "pairs" and "numeric" to that term of every row's logit.
         """
         spec = self.spec
@@ -250,11 +261,47 @@ class _Teacher:
 
 
 @functools.lru_cache(maxsize=None)
-def teacher(name):
+def teacher(name: str) -> _Teacher:
+    """The hidden teacher of a synthetic dataset, drawn once per process.
+
+    Args:
+        name: a key of `SPECS`, e.g. "criteo_synth".
+
+    Returns:
+        The teacher: every hidden parameter, drawn from the spec's teacher
+        seed.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import teacher
+
+    columns, terms = teacher("criteo_synth").make_rows(
+        np.random.default_rng(0), 1000)
+    terms["pairs"].shape   # (1000,)
+    ```
+    """
     return _Teacher(SPECS[name])
 
 
-def schema(spec):
+def schema(spec: _SyntheticSpec) -> pa.Schema:
+    """The schema of a synthetic dataset's files.
+
+    Args:
+        spec: a value of `SPECS`.
+
+    Returns:
+        `label`, the numeric columns, the categorical columns (all int64)
+        and `teacher_prob` (float32).
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import SPECS, schema
+
+    schema(SPECS["criteo_synth"]).names[:3]   # ['label', 'I1', 'I2']
+    ```
+    """
     fields = [pa.field("label", pa.int64(), nullable=False)]
     fields += [pa.field(c.name, pa.int64()) for c in spec.numerics]
     fields += [pa.field(c.name, pa.int64()) for c in spec.categoricals]
@@ -262,10 +309,28 @@ def schema(spec):
     return pa.schema(fields)
 
 
-def chunk_table(spec, row_seed, chunk_index):
-    """Rows of one CHUNK_ROWS chunk, fixed by (teacher, row seed, chunk).
+def chunk_table(spec: _SyntheticSpec, row_seed: list[int],
+                chunk_index: int) -> pa.Table:
+    """Rows of one `CHUNK_ROWS` chunk, fixed by (teacher, row seed, chunk).
 
     Always drawing whole chunks keeps shorter files prefixes of longer ones.
+
+    Args:
+        spec: a value of `SPECS`.
+        row_seed: the split's row seed, then the extra seed if any.
+        chunk_index: which chunk of the file.
+
+    Returns:
+        A table of `CHUNK_ROWS` rows with `schema(spec)`.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import SPECS, chunk_table
+
+    first = chunk_table(SPECS["criteo_synth"], [1], 0)   # train's first rows
+    first.num_rows   # 65536
+    ```
     """
     rng = np.random.default_rng([spec.teacher_seed, *row_seed, chunk_index])
     columns, _ = teacher(spec.name).make_rows(rng, CHUNK_ROWS)
@@ -280,8 +345,28 @@ def chunk_table(spec, row_seed, chunk_index):
     return pa.Table.from_arrays(arrays, schema=schema(spec))
 
 
-def description(spec, split, rows, seed):
-    """The JSON-able metadata `generate` stores in a file's footer."""
+def description(spec: _SyntheticSpec, split: str, rows: int,
+                seed: int | None) -> dict[str, Any]:
+    """The JSON-able metadata `generate` stores in a file's footer.
+
+    Args:
+        spec: a value of `SPECS`.
+        split: the split written.
+        rows: the number of rows written.
+        seed: the extra seed, or `None`.
+
+    Returns:
+        A dict: name, split, rows, seed, description, and the columns'
+        cardinalities, Zipf exponents and missing rates.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import SPECS, description
+
+    description(SPECS["criteo_synth"], "test", 50_000, None)["rows"]   # 50000
+    ```
+    """
     return {
         "name": spec.name,
         "split": split,

@@ -7,7 +7,21 @@ seed by `generate`, so the packaged files are reproducible bit for bit.
 from reckeras.datasets import _registry, _synth, taobao
 
 
-def main():
+def main() -> None:
+    """Writes every packaged split into `reckeras/datasets/data`.
+
+    Prints each file's path, rows and size. It overwrites the packaged
+    files, with the same bytes unless the generators changed.
+
+    Example:
+
+    ```python
+    # From a shell: python -m reckeras.datasets.build
+    from reckeras.datasets.build import main
+
+    main()
+    ```
+    """
     for name, spec in sorted(_synth.SPECS.items()):
         for split, rows in spec.default_rows.items():
             path = _registry.packaged_path(name, split)

@@ -10,7 +10,9 @@ of the history. The label comes from a hidden teacher whose main term is
 *attention-like*: every one of the last `TEACHER_WINDOW` behaviours is scored
 against the target,
 
-    relevance_j = [cat(h_j) == cat(t)] + REPEAT_BOOST * [h_j == t]
+```
+relevance_j = [cat(h_j) == cat(t)] + REPEAT_BOOST * [h_j == t]
+```
 
 and the logit grows with `HISTORY_WEIGHT * log1p(sum_j relevance_j)`, DIN's
 unnormalized attention, saturated. The relevance is an exact match of each
@@ -27,16 +29,21 @@ hidden category vectors, age and city).
 category, behaviour type, timestamp per line) into the same kind of rows.
 """
 
+from __future__ import annotations
+
 import functools
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 
 NAME = "taobao_synth"
@@ -62,7 +69,7 @@ COLUMNS = ("user_gender", "user_age", "user_city", "hist_len", "item", "category
            "hist_items", "hist_cats")
 
 
-def _schema():
+def _schema() -> pa.Schema:
     fields = [pa.field("label", pa.int64(), nullable=False)]
     fields += [pa.field(name, pa.int64(), nullable=False) for name in COLUMNS[:6]]
     fields += [pa.field(name, pa.list_(pa.int64()), nullable=False)
@@ -104,7 +111,7 @@ class _Teacher:
         self.city_effect = 0.1 * rng.standard_normal(CITIES)
         self.bias = -2.2
 
-    def items_of(self, categories, rng):
+    def items_of(self, categories: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One item of each given category, by popularity within it."""
         items = np.searchsorted(self.item_cdf, categories + rng.random(len(categories)),
                                 side="right")
@@ -112,11 +119,12 @@ class _Teacher:
         return np.clip(items, self.category_start[categories],
                        self.category_start[categories + 1] - 1)
 
-    def popular_categories(self, count, rng):
+    def popular_categories(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """`count` categories drawn by popularity."""
         return np.searchsorted(np.cumsum(self.category_prob), rng.random(count),
                                side="right").clip(max=NUM_CATEGORIES - 1)
 
-    def make_rows(self, rng, rows):
+    def make_rows(self, rng: np.random.Generator, rows: int) -> dict[str, Any]:
         """Columns of `rows` examples, with label and teacher probability."""
         gender = rng.integers(0, GENDERS, rows)
         age = rng.integers(0, AGES, rows)
@@ -178,11 +186,11 @@ class _Teacher:
 
 
 @functools.lru_cache(maxsize=None)
-def _teacher():
+def _teacher() -> _Teacher:
     return _Teacher()
 
 
-def _chunk_table(row_seed, chunk_index):
+def _chunk_table(row_seed: list[int], chunk_index: int) -> pa.Table:
     rng = np.random.default_rng([TEACHER_SEED, *row_seed, chunk_index])
     columns = _teacher().make_rows(rng, CHUNK_ROWS)
     schema = _schema()
@@ -198,7 +206,7 @@ def _chunk_table(row_seed, chunk_index):
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _description(split, rows, seed):
+def _description(split: str, rows: int, seed: int | None) -> dict[str, Any]:
     return {
         "name": NAME, "split": split, "rows": rows, "seed": seed,
         "description": (
@@ -214,14 +222,15 @@ def _description(split, rows, seed):
     }
 
 
-def generate_taobao_synth(rows, path, split="train", seed=None):
+def generate_taobao_synth(rows: int, path: str | os.PathLike, split: str = "train",
+                          seed: int | None = None) -> Dataset:
     """Writes `rows` rows of `taobao_synth` to a parquet file.
 
     Rows are drawn in chunks of 65,536 (one row group each) from the split's
     seed, so the output depends only on the arguments and a file of N rows is
     a prefix of one of M > N rows; the packaged splits are
-    `generate_taobao_synth(150_000, ..., "train")` and
-    `generate_taobao_synth(40_000, ..., "test")`.
+    `generate_taobao_synth(230_000, ..., "train")` and
+    `generate_taobao_synth(30_000, ..., "test")` (`DEFAULT_ROWS`).
 
     Args:
         rows: number of rows, a positive int.
@@ -238,9 +247,13 @@ def generate_taobao_synth(rows, path, split="train", seed=None):
         ValueError: for an unknown split or a non-positive `rows`.
 
     Example:
-        >>> from reckeras.datasets.taobao import generate_taobao_synth
-        >>> big = generate_taobao_synth(1_000_000, "/tmp/taobao_1m.parquet")
-        >>> big.bayes_auc()
+
+    ```python
+    from reckeras.datasets.taobao import generate_taobao_synth
+
+    big = generate_taobao_synth(1_000_000, "/tmp/taobao_1m.parquet")
+    big.bayes_auc()
+    ```
     """
     if split not in SPLIT_SEEDS:
         raise ValueError(f"{NAME} has no split {split!r}; its splits are "
@@ -269,8 +282,10 @@ def generate_taobao_synth(rows, path, split="train", seed=None):
 BEHAVIOR_TYPES = ("pv", "buy", "cart", "fav")
 
 
-def taobao_user_behavior(path, split="test", max_history=MAX_HISTORY, negatives=1,
-                         behaviors=None, seed=0):
+def taobao_user_behavior(path: str | os.PathLike, split: str = "test",
+                         max_history: int = MAX_HISTORY, negatives: int = 1,
+                         behaviors: Collection[str] | None = None,
+                         seed: int = 0) -> pa.Table:
     """Reads the Taobao UserBehavior CSV into next-item prediction rows.
 
     The file (Alibaba's public `UserBehavior.csv`) has no header; each line is
@@ -309,9 +324,12 @@ def taobao_user_behavior(path, split="test", max_history=MAX_HISTORY, negatives=
             file (naming it).
 
     Example:
-        >>> from reckeras.datasets.taobao import taobao_user_behavior
-        >>> test = taobao_user_behavior("UserBehavior.csv", split="test")
-        >>> model.evaluate(test)
+
+    ```python
+    train = rk.datasets.taobao_user_behavior("UserBehavior.csv", split="train")
+    test = rk.datasets.taobao_user_behavior("UserBehavior.csv", split="test")
+    model.fit(train, validation_data=test)   # a model over item, category, ...
+    ```
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -360,7 +378,7 @@ def taobao_user_behavior(path, split="test", max_history=MAX_HISTORY, negatives=
     offsets = np.r_[0, np.cumsum(lengths)]
     take = np.arange(offsets[-1]) - np.repeat(offsets[:-1] - history_start, lengths)
 
-    def lists(values):
+    def lists(values: np.ndarray) -> pa.ListArray:
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int64()).cast(pa.int32()),
                                         pa.array(values[take], pa.int64()))
 
