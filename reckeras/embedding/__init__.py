@@ -2,6 +2,6 @@
 sparse optimizers' state, row lifecycle and checkpoints."""
 
 from reckeras.embedding.cache import CacheBudgetError
-from reckeras.embedding.lifecycle import TableOptions
+from reckeras.embedding.options import TableOptions
 
 __all__ = ["CacheBudgetError", "TableOptions"]

@@ -1,39 +1,52 @@
 """Tiered storage: every row in host memory, a bounded cache of hot rows on the device.
 
-A table with ``storage="host_cached"`` keeps all its rows and their optimizer
-state in its ``PhysicalTable`` in host memory (pinned when a GPU is present),
-the *host tier*. A ``RowCache`` beside it is the *device tier*: fixed
-``[capacity, dim]`` weights and ``[capacity, state_width]`` state, allocated
-once at exactly the configured budget, so it can never grow past it.
+A table with `storage="host_cached"` is a `HostCachedTable` row store (see
+`table.RowStore`) made of two tiers. Its host `PhysicalTable` holds every
+row and its optimizer state in host memory (pinned when a GPU is present):
+the *host tier*, the store's `index`. A `RowCache` is the *device tier*:
+fixed `[capacity, dim]` weights and `[capacity, state_width]` state,
+allocated once at exactly the configured budget, so it can never grow past
+it. The host table knows nothing of the cache; the store keeps the two
+consistent (writes back before bulk reads, forgets cached rows when the host
+rows are replaced).
 
-Per batch the engine resolves keys to host rows as usual and then asks the
-cache for their slots (``resolve``): rows already cached are hits, the others
-are loaded from the host, each into the slot of a victim chosen by the
-table's policy (LFU: lowest access count, counts halved every ``AGE_EVERY``
-steps so that old popularity fades; LRU: oldest last use). A victim that was
-updated since it was loaded (dirty) is written back first. The pooled lookup
-and the sparse optimizer then run on the cache's tensors, so the step reads
-and writes exactly the values an all-device table would hold: a row's newest
-value is in the cache while it is cached and in the host tier otherwise.
+Per lookup the store resolves keys to host rows as a device table would and
+then asks the cache for their slots (`RowCache.resolve`): rows already
+cached are hits, the others are loaded from the host, each into the slot of
+a victim chosen by the table's policy (LFU: lowest access count, counts
+halved every `AGE_EVERY` steps so that old popularity fades; LRU: oldest
+last use). A victim that was updated since it was loaded (dirty) is written
+back first. The pooled lookup and the sparse optimizer then run on the
+cache's tensors (the store's `weights`/`state`), so the step reads and writes
+exactly the values an all-device table would hold: a row's newest value is in
+the cache while it is cached and in the host tier otherwise.
 
-Every lookup pins the slots it resolved (``pins``) until its backward has
-applied the update (or, without one, until its forward has read them): no
-other lookup of the step, and no prefetch, may evict them meanwhile.
+Every lookup pins the slots it resolved (`Pin`) until its update has been
+applied, or dropped (`EmbeddingEngine.deferred_updates`), or, without one,
+until its forward has read them: no other lookup of the step, and no
+prefetch, may evict them meanwhile.
 
-``prefetch`` brings the rows of a later batch in ahead of time, from the
+`prefetch` brings the rows of a later batch in ahead of time, from the
 pipeline's thread while the current step runs. It never creates a row (it
 only finds keys), never evicts a pinned slot, and never evicts rows an
-earlier prefetch brought in for a batch not yet stepped (``fresh``), so it
+earlier prefetch brought in for a batch not yet stepped (`fresh`), so it
 changes where values live, never what they are. One lock guards the cache's
-maps and the host table's index between the threads.
+maps and the host table's index between the threads (`HostCachedTable.locked`).
 """
 
+from __future__ import annotations
+
+import contextlib
 import threading
 import time
+from typing import Iterator
 
+import numpy as np
 import torch
 
 from reckeras.backend_kernels.aggregation import unique_rows
+from reckeras.embedding.options import TableOptions
+from reckeras.embedding.table import PhysicalTable, RowStore
 
 AGE_EVERY = 256          # steps between halvings of the LFU counts
 FRESH_STEPS = 4          # steps a prefetched row is kept for the batch it came for
@@ -44,13 +57,19 @@ class CacheBudgetError(ValueError):
 
 
 class Pin:
-    """The slots one lookup uses; ``release`` (idempotent) frees them."""
+    """The slots one lookup uses, kept from eviction until released.
 
-    def __init__(self, cache, slots):
+    Args:
+        cache: the `RowCache` holding the slots.
+        slots: int64 distinct slots of the lookup.
+    """
+
+    def __init__(self, cache: RowCache, slots: torch.Tensor):
         self.cache, self.slots = cache, slots
         self.released = False
 
-    def release(self):
+    def release(self) -> None:
+        """Unpins the slots (once: releasing again does nothing)."""
         if not self.released:
             self.released = True
             self.cache.release(self.slots)
@@ -59,15 +78,19 @@ class Pin:
 class RowCache:
     """The device tier of one host-resident physical table.
 
+    It holds copies of some host rows in fixed slots; `HostCachedTable` is the
+    row store that uses it.
+
     Args:
-        host: the ``PhysicalTable`` holding every row (the host tier).
+        host: the `PhysicalTable` holding every row (the host tier).
         names: the logical tables packed into it (for messages and stats).
-        options: their ``TableOptions`` (storage ``"host_cached"``); the
-            budget is the sum of their ``cache_rows``/``cache_bytes``.
+        options: their `TableOptions` (storage `"host_cached"`); the
+            budget is the sum of their `cache_rows`/`cache_bytes`.
         device: where the cached rows live.
     """
 
-    def __init__(self, host, names, options, device):
+    def __init__(self, host: PhysicalTable, names: list[str],
+                 options: list[TableOptions], device: str | torch.device):
         self.host = host
         self.names = list(names)
         self.options = list(options)
@@ -81,29 +104,38 @@ class RowCache:
              "rows_in_prefetched", "rows_out", "prefetches"), 0)
         self.stall_s = 0.0
         self._stream = None          # CUDA side stream of the prefetches
-        host.cache = self
         self.configure(host.state.shape[1])
 
     # ---- layout -------------------------------------------------------------------
 
     @property
-    def dim(self):
+    def dim(self) -> int:
+        """The row width (the host table's)."""
         return self.host.dim
 
-    @property
-    def num_rows(self):
-        """Slots: what row indices into ``weights``/``state`` range over."""
-        return self.capacity
+    def row_bytes(self, state_width: int) -> int:
+        """Bytes of one cached row: float32 weights and optimizer state.
 
-    def row_bytes(self, state_width):
+        Args:
+            state_width: float32 state values per row.
+
+        Returns:
+            `4 * (dim + state_width)`.
+        """
         return 4 * (self.dim + state_width)
 
-    def configure(self, state_width):
-        """(Re)allocates the device tier for rows of ``state_width`` state.
+    def configure(self, state_width: int) -> None:
+        """(Re)allocates the device tier for rows of `state_width` state.
 
         The budget in rows is the sum over the logical tables of
-        ``cache_rows``, or ``cache_bytes // row_bytes``. The cache starts
-        empty; callers write dirty rows back first (``write_back``).
+        `cache_rows`, or `cache_bytes // row_bytes`. The cache starts
+        empty; callers write dirty rows back first (`write_back`).
+
+        Args:
+            state_width: float32 state values per row.
+
+        Raises:
+            CacheBudgetError: `cache_bytes` holds no row of this width.
         """
         row_bytes = self.row_bytes(state_width)
         capacity = sum(o.cache_rows if o.cache_rows is not None else o.cache_bytes // row_bytes
@@ -124,11 +156,20 @@ class RowCache:
             self.row_slot = torch.full((0,), -1, dtype=torch.int64)
             self.frequency = torch.zeros(0)
 
-    def memory_bytes(self):
-        """Bytes of the device tier (weights and optimizer state)."""
+    def memory_bytes(self) -> int:
+        """Bytes of the device tier (weights and optimizer state).
+
+        Returns:
+            The bytes the cache's two arrays hold.
+        """
         return sum(t.numel() * t.element_size() for t in (self.weights, self.state))
 
-    def budget_bytes(self):
+    def budget_bytes(self) -> int:
+        """The budget in bytes: `capacity` rows of the current width.
+
+        Returns:
+            `capacity * row_bytes(state width)`.
+        """
         return self.capacity * self.row_bytes(self.state.shape[1])
 
     def _fit_host(self):
@@ -141,32 +182,31 @@ class RowCache:
 
     # ---- the step ---------------------------------------------------------------------
 
-    def resolve(self, keys, host_rows, training):
-        """Cache slots of ``keys`` for one lookup, pinned until released.
+    def resolve(self, rows: torch.Tensor, training: bool) -> tuple[torch.Tensor, Pin]:
+        """Cache slots of host `rows` for one lookup, pinned until released.
+
+        The caller holds `lock` since it found the rows (the step's thread
+        is the only one that changes the host index).
 
         Args:
-            keys: int64 keys of this table (duplicates allowed).
-            host_rows: ``keys -> host rows`` (may create rows while training).
+            rows: int64 host rows (-1: no row; duplicates allowed).
             training: the step will update its rows (they become dirty).
 
         Returns:
-            ``(slots, pin)``: the slot of every key (-1 where it has no row),
-            and the ``Pin`` to release once the rows are read and updated.
+            `(slots, pin)`: the slot of every row (-1 where it has none), on
+            the cache's device, and the `Pin` to release once the rows are
+            read and updated.
 
         Raises:
             CacheBudgetError: other lookups of the step pin too many slots
-                to make room (``check_fits`` is the caller's, beforehand).
+                to make room (`check_fits` is the caller's, beforehand).
         """
-        keys = keys.to(self.host.device)
-        waited = time.perf_counter()
         with self.lock:
-            started = time.perf_counter()
-            rows = host_rows(keys)
             self._fit_host()
             self.tick += 1
             loading = time.perf_counter()
             slots = self._ensure(rows, for_step=True)
-            self.stall_s += (started - waited) + (time.perf_counter() - loading)
+            self.stall_s += time.perf_counter() - loading
             pinned = unique_rows(slots[slots >= 0], self.capacity)[0]
             self.pins[pinned] += 1
             if training:
@@ -175,20 +215,30 @@ class RowCache:
                 self.frequency.mul_(0.5)
         return slots.to(self.device), Pin(self, pinned)
 
-    def release(self, slots):
-        """Unpins ``slots`` (distinct) of one lookup."""
+    def release(self, slots: torch.Tensor) -> None:
+        """Unpins `slots` (distinct) of one lookup.
+
+        Args:
+            slots: int64 slots a `Pin` holds.
+        """
         with self.lock:
             self.pins[slots] = (self.pins[slots] - 1).clamp(min=0)
 
-    def release_all(self):
-        """Unpins every slot (lookups whose step failed before its backward)."""
+    def release_all(self) -> None:
+        """Unpins every slot (lookups whose step failed before its update)."""
         with self.lock:
             self.pins.zero_()
 
-    def check_fits(self, keys, training):
-        """Raises ``CacheBudgetError`` if one lookup of ``keys`` needs more
-        distinct rows than the cache holds. Call it before the lookup changes
-        anything (it only reads; only the step's thread changes the host index).
+    def check_fits(self, keys: torch.Tensor, training: bool) -> None:
+        """Raises `CacheBudgetError` if one lookup of `keys` needs more
+        distinct rows than the cache holds.
+
+        Call it before the lookup changes anything (it only reads; only the
+        step's thread changes the host index).
+
+        Args:
+            keys: int64 keys of one lookup.
+            training: absent keys may get a row in this step.
         """
         if keys.numel() <= self.capacity:
             return
@@ -196,7 +246,7 @@ class RowCache:
         rows = self.host.find(keys)
         present = rows >= 0
         needed = unique_rows(rows[present], max(self.host.num_rows, 1))[0].numel()
-        if training:                     # absent keys may get a row in this step
+        if training:
             needed += torch.unique(keys[~present]).numel()
         if needed > self.capacity:
             raise CacheBudgetError(
@@ -307,9 +357,13 @@ class RowCache:
 
     # ---- ahead of the step -----------------------------------------------------------
 
-    def prefetch(self, keys):
-        """Loads the existing rows of ``keys`` that fit without evicting
-        protected slots. Creates no row; safe to run beside a step."""
+    def prefetch(self, keys: torch.Tensor) -> None:
+        """Loads the existing rows of `keys` that fit without evicting
+        protected slots. Creates no row; safe to run beside a step.
+
+        Args:
+            keys: int64 keys a coming batch will look up.
+        """
         keys = keys.to(self.host.device)
         with self.lock:
             rows = self.host.find(keys)
@@ -331,14 +385,14 @@ class RowCache:
 
     # ---- whole-cache operations -----------------------------------------------------
 
-    def write_back(self):
+    def write_back(self) -> None:
         """Writes every dirty row to the host tier (checkpoints, compaction)."""
         with self.lock:
             dirty = (self.dirty & (self.slot_row >= 0)).nonzero().squeeze(1)
             if dirty.numel():
                 self._write(dirty)
 
-    def clear(self):
+    def clear(self) -> None:
         """Forgets every cached row without writing back (the host rows were
         replaced or renumbered)."""
         with self.lock:
@@ -349,8 +403,12 @@ class RowCache:
             self.pins.zero_()
             self.fresh_until.fill_(-1)
 
-    def stats(self):
-        """Hit rates, rows and bytes moved, stall time and budget so far."""
+    def stats(self) -> dict:
+        """Hit rates, rows and bytes moved, stall time and budget so far.
+
+        Returns:
+            The figures `docs/caching.md` lists, with the raw counters.
+        """
         c = dict(self.counters)
         steps = max(c["steps"], 1)
         row_bytes = self.row_bytes(self.state.shape[1])
@@ -364,3 +422,198 @@ class RowCache:
             "rows_out_per_step": round(c["rows_out"] / steps, 2),
             "bytes_per_step": round((c["rows_in"] + c["rows_out"]) * row_bytes / steps, 1),
             "stall_s": round(self.stall_s, 4), **c}
+
+
+class HostCachedTable(RowStore):
+    """The `"host_cached"` row store: host rows behind a device cache.
+
+    Every row lives in `host` (the store's `index`); lookups and the
+    optimizer run on the cache's `weights`/`state`, whose rows are cache
+    slots. See the module docstring.
+
+    Args:
+        host: the `PhysicalTable` that holds every row (in host memory).
+        names: the logical tables packed into it (for messages and stats).
+        options: their `TableOptions` (storage `"host_cached"`).
+        device: where the cached rows live.
+
+    Example:
+
+    ```python
+    store = HostCachedTable(PhysicalTable(8, name="item"), ["item"],
+                            [rk.embedding.TableOptions(storage="host_cached",
+                                                       cache_rows=1000)], "cuda")
+    slots, pin = store.resolve(keys, training=True)   # rows of store.weights
+    ```
+    """
+
+    storage = "host_cached"
+
+    def __init__(self, host: PhysicalTable, names: list[str],
+                 options: list[TableOptions], device: str | torch.device):
+        self.host = host
+        self.cache = RowCache(host, names, options, device)
+
+    @property
+    def dim(self) -> int:
+        """The row width."""
+        return self.host.dim
+
+    @property
+    def name(self) -> str:
+        """How errors name the table."""
+        return self.host.name
+
+    @property
+    def index(self) -> PhysicalTable:
+        """The host tier: every row, found by key."""
+        return self.host
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """The cached rows, `[cache_rows, dim]`: what lookups read."""
+        return self.cache.weights
+
+    @property
+    def state(self) -> torch.Tensor:
+        """The cached rows' optimizer state."""
+        return self.cache.state
+
+    @property
+    def row_bound(self) -> int:
+        """The cache's slots: every resolved row is a slot below it."""
+        return self.cache.capacity
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the host tier (all of them)."""
+        return self.host.num_rows
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Holds the cache's lock, counting the wait as the step's stall.
+
+        Returns:
+            A context manager (reentrant).
+        """
+        waited = time.perf_counter()
+        with self.cache.lock:
+            self.cache.stall_s += time.perf_counter() - waited
+            yield
+
+    def resolve(self, keys: torch.Tensor, training: bool,
+                tags: torch.Tensor | None = None) -> tuple[torch.Tensor, Pin]:
+        """Cache slots of `keys`, their host rows created while training
+        (see `RowStore.resolve`).
+
+        Args:
+            keys: int64 table keys.
+            training: create host rows for new keys; the rows become dirty.
+            tags: unused: every key gets a row (see `needs_tags`).
+
+        Returns:
+            `(slots, pin)`.
+        """
+        with self.locked():
+            rows = self.host.rows_of(keys.to(self.host.device), insert=training)
+            return self.place(rows, training)
+
+    def place(self, index_rows: torch.Tensor, training: bool) -> tuple[torch.Tensor, Pin]:
+        """Cache slots of host rows the caller found (see `RowStore.place`).
+
+        Args:
+            index_rows: int64 host rows (-1: none).
+            training: the rows become dirty.
+
+        Returns:
+            `(slots, pin)`.
+        """
+        return self.cache.resolve(index_rows, training)
+
+    def check_fits(self, keys: torch.Tensor, training: bool) -> None:
+        """Raises `CacheBudgetError` if one lookup of `keys` cannot fit in the cache.
+
+        Args:
+            keys: int64 keys of one lookup.
+            training: absent keys may get a row in this step.
+        """
+        self.cache.check_fits(keys, training)
+
+    def prefetch(self, keys: torch.Tensor) -> None:
+        """Loads the existing rows of `keys` into the cache (`RowCache.prefetch`).
+
+        Args:
+            keys: int64 keys a coming batch will look up.
+        """
+        self.cache.prefetch(keys)
+
+    def release_pins(self) -> None:
+        """Unpins every cached row."""
+        self.cache.release_all()
+
+    def sync(self) -> None:
+        """Writes the cache's dirty rows back to the host tier."""
+        self.cache.write_back()
+
+    def configure_state(self, width: int, initial_value: float) -> None:
+        """Sets the state layout of both tiers; the cache restarts empty.
+
+        Args:
+            width: float32 state values per row.
+            initial_value: a new row's state values.
+        """
+        with self.cache.lock:
+            self.cache.write_back()     # the cache's rows reach the host before it resets
+            self.host.configure_state(width, initial_value)
+            self.cache.configure(width)
+
+    def export(self) -> dict[str, np.ndarray]:
+        """Every row with its newest value (the cache writes back first).
+
+        Returns:
+            `{"keys", "weights", "state"}` numpy arrays.
+        """
+        with self.cache.lock:
+            self.cache.write_back()
+            return self.host.export()
+
+    def load(self, arrays: dict) -> None:
+        """Replaces every row; the cache empties (its copies are void).
+
+        Args:
+            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors.
+        """
+        with self.cache.lock:
+            self.host.load(arrays)
+            self.cache.clear()
+
+    def compact(self, keep: torch.Tensor) -> torch.Tensor:
+        """Keeps only host rows `keep`; the cache writes back, then empties.
+
+        Args:
+            keep: int64 ascending host rows to keep.
+
+        Returns:
+            The new host row of each kept row.
+        """
+        with self.cache.lock:
+            self.cache.write_back()
+            rows = self.host.compact(keep)
+            self.cache.clear()
+        return rows
+
+    def stats(self) -> dict:
+        """Rows and bytes of the host tier, and the cache's figures.
+
+        Returns:
+            `{"dim", "rows", "bytes", "cache"}`.
+        """
+        return {**self.host.stats(), "cache": self.cache.stats()}
+
+    def memory_bytes(self) -> int:
+        """Bytes of the host tier (the cache's are in `stats()["cache"]`).
+
+        Returns:
+            The host table's bytes.
+        """
+        return self.host.memory_bytes()

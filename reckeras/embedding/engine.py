@@ -14,11 +14,14 @@ and send back the rows, and in backward the gradients travel the same route
 to the owners, which sum them over all ranks, divide by the world size (each
 rank's loss is a mean over its own examples) and run the optimizer.
 
-A ``host_cached`` table keeps its rows in host memory; after step (3) its
-host rows are mapped to slots of its device cache (``cache.RowCache``), and
-the lookup and the optimizer run on the cache's tensors (on the owner side
-in distributed mode: each rank caches the rows it owns). ``prefetch`` loads a
-later batch's rows into the caches ahead of its step.
+Every physical table's rows live in one row store (``table.RowStore``):
+a ``PhysicalTable`` on the device, or a ``cache.HostCachedTable`` whose rows
+live in host memory and whose lookups and optimizer run on a device cache of
+the hot ones (on the owner side in distributed mode: each rank caches the
+rows it owns); a ``lifecycle.RowLifecycle`` wraps either to admit and evict
+rows. The engine only resolves keys to rows of the store and runs the
+lookup and the optimizer on the store's ``weights``/``state``. ``prefetch``
+loads a later batch's rows into the caches ahead of its step.
 
 With several ranks, ``route_ahead`` plans a coming batch's routes (its keys'
 dedup and their exchange to the owners) beside the running step (the
@@ -28,7 +31,6 @@ way.
 """
 
 import collections
-import contextlib
 import dataclasses
 import functools
 
@@ -38,7 +40,7 @@ from reckeras import distributed, ragged
 from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.backend_kernels.hashing import table_keys
 from reckeras.backend_kernels.pooling import PooledLookup
-from reckeras.embedding.cache import RowCache
+from reckeras.embedding.cache import HostCachedTable
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter
 from reckeras.embedding.lifecycle import RowLifecycle
 from reckeras.embedding.sharding import owner_of
@@ -62,19 +64,9 @@ class EmbeddingEngine:
     def __init__(self, packing, init_scale=None, seed=0, cache_device=None):
         self.packing = packing
         cache_device = cache_device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tables, self.caches = [], []
-        for group, dim in enumerate(packing.dims):
-            cached = packing.host_cached(group)
-            names = packing.group_tables[group]
-            table = PhysicalTable(dim, init_scale or dim ** -0.5, seed,
-                                  name=f"{names} (dim {dim})",
-                                  pin_memory=cached and torch.cuda.is_available())
-            self.tables.append(table)
-            self.caches.append(RowCache(table, names, packing.group_options[group],
-                                        cache_device) if cached else None)
-        self.lifecycles = [
-            RowLifecycle(table, options) if any(o.uses_lifecycle for o in options) else None
-            for table, options in zip(self.tables, packing.group_options)]
+        # One row store per physical table (distinct dim), in packing order.
+        self.tables = [self._store(group, init_scale, seed, cache_device)
+                       for group in range(len(packing.dims))]
         self.step = 0          # training lookups so far (the lifecycle's clock)
         self.optimizer = None
         # The tables are not autograd leaves; this empty tensor is, so that
@@ -85,6 +77,32 @@ class EmbeddingEngine:
         self.requests = 0      # unique keys this rank's tables served, all batches
         self._layout = (None, None)    # (key, layout), see _one_id_per_bag_layout
         self._routed = collections.deque()   # futures of route_ahead, in batch order
+
+    def _store(self, group, init_scale, seed, cache_device):
+        plan = self.packing
+        dim, names = plan.dims[group], plan.group_tables[group]
+        options = plan.group_options[group]
+        cached = plan.host_cached(group)
+        table = PhysicalTable(dim, init_scale or dim ** -0.5, seed,
+                              name=f"{names} (dim {dim})",
+                              pin_memory=cached and torch.cuda.is_available())
+        store = HostCachedTable(table, names, options, cache_device) if cached else table
+        if any(o.uses_lifecycle for o in options):
+            store = RowLifecycle(store, options)
+        return store
+
+    @property
+    def has_host_cached(self):
+        """Whether any physical table is ``host_cached`` (only then has
+        ``prefetch`` anything to do)."""
+        return any(store.storage == "host_cached" for store in self.tables)
+
+    @property
+    def caches(self):
+        """The device tier (``cache.RowCache``) of each ``host_cached`` table,
+        None for the others: to inspect a cache (tests, benchmarks)."""
+        return [(store.store if isinstance(store, RowLifecycle) else store).cache
+                if store.storage == "host_cached" else None for store in self.tables]
 
     def connect(self):
         """Joins the world once: checks that all ranks declare the same tables
@@ -103,12 +121,8 @@ class EmbeddingEngine:
     def set_optimizer(self, optimizer):
         self.optimizer = optimizer
         initial = getattr(optimizer, "initial_accumulator_value", 0.0)
-        for table, cache in zip(self.tables, self.caches):
-            table.sync()                # the cache's rows reach the host before it resets
-            width = optimizer.state_width(table.dim)
-            table.configure_state(width, initial)
-            if cache is not None:
-                cache.configure(width)
+        for store in self.tables:
+            store.configure_state(optimizer.state_width(store.dim), initial)
 
     def _checked_optimizer(self):
         if self.optimizer is None:
@@ -116,8 +130,8 @@ class EmbeddingEngine:
                                "model with embedding_optimizer=... before training")
         return self.optimizer
 
-    def _apply_row_grads(self, table, rows, grads, pin=None):
-        self._checked_optimizer().apply(table.weights, table.state, rows, grads)
+    def _apply_row_grads(self, store, rows, grads, pin=None):
+        self._checked_optimizer().apply(store.weights, store.state, rows, grads)
         if pin is not None:
             pin.release()
 
@@ -139,28 +153,25 @@ class EmbeddingEngine:
         routed = self._take_routed(ids, offsets, training)
         keys = routed.keys if routed else \
             table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
-        if any(self.caches) and self.connect() is None:
+        if self.has_host_cached and self.connect() is None:
             # Before any row is created or moved: a batch too large for a cache
             # fails whole. (With several ranks the owners check what they receive.)
-            for group, cache in enumerate(self.caches):
-                if cache is not None:
-                    cache.check_fits(keys if len(self.tables) == 1 else
-                                     keys[per_id(plan.slot_group) == group], training)
+            for group, store in enumerate(self.tables):
+                store.check_fits(keys if len(self.tables) == 1 else
+                                 keys[per_id(plan.slot_group) == group], training)
         if training:
             self.step += 1
-            for lifecycle, cache in zip(self.lifecycles, self.caches):
-                if lifecycle is not None:
-                    # Compaction renumbers host rows: no prefetch may run meanwhile.
-                    with cache.lock if cache else contextlib.nullcontext():
-                        lifecycle.maybe_evict(self.step)
+            for store in self.tables:
+                store.begin_step(self.step)
         outputs = []
         for layout, (group, (chosen, group_tags, group_weight, group_destination)) in zip(
                 plan.layouts, enumerate(self._group_layout(offsets, batch, per_id, ids))):
             # One iteration per distinct dim.
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
             if self.connect() is None:
-                storage, rows, pin = self._rows(group, group_keys, group_tags, training)
-                values, unique, unique_index, apply = self._local_rows(storage, rows, pin)
+                rows, pin = self.tables[group].resolve(group_keys, training, group_tags)
+                values, unique, unique_index, apply = self._local_rows(
+                    self.tables[group], rows, pin)
             else:
                 unique_index, route = routed.routes[group] if routed else \
                     self._route(group, group_keys, group_tags, training, ahead=False)
@@ -231,9 +242,8 @@ class EmbeddingEngine:
     def release_pins(self):
         """Unpins every cached row: lookups whose step failed before its
         backward would otherwise keep their rows from being evicted."""
-        for cache in self.caches:
-            if cache is not None:
-                cache.release_all()
+        for store in self.tables:
+            store.release_pins()
 
     def _id_layout(self, offsets, batch, per_id, num_ids, device):
         """Per group: ``(chosen, tags, weight, destination)`` of its ids.
@@ -251,7 +261,7 @@ class EmbeddingEngine:
         else:
             bag = None
             example = torch.arange(batch, device=device).repeat(plan.num_slots)
-        tags = per_id(plan.slot_tag) if any(self.lifecycles) else None
+        tags = per_id(plan.slot_tag) if any(s.needs_tags for s in self.tables) else None
         weight = self._pooling_weight(offsets, bag, per_id, num_ids, device)
         destination = example * per_id(plan.slot_stride)
         destination += per_id(plan.slot_base * batch + plan.slot_position)
@@ -301,24 +311,6 @@ class EmbeddingEngine:
 
         return batch, slot_ids, per_id
 
-    def _rows(self, group, keys, tags, training):
-        """``(storage, rows, pin)``: where the keys' rows live and their indices.
-
-        ``storage`` is the physical table, or its device cache for a
-        ``host_cached`` table (rows are then cache slots, kept in place until
-        ``pin`` is released; None for a table on the device); -1: no row.
-        """
-        table, cache = self.tables[group], self.caches[group]
-        lifecycle = self.lifecycles[group] if training else None
-
-        def host_rows(host_keys):
-            return lifecycle.resolve(host_keys, tags, self.step) if lifecycle \
-                else table.rows_of(host_keys, insert=training)
-
-        if cache is None:
-            return table, host_rows(keys), None
-        return (cache, *cache.resolve(keys, host_rows, training))
-
     def prefetch(self, ids, offsets):
         """Loads the rows a coming batch will read into the device caches.
 
@@ -331,22 +323,20 @@ class EmbeddingEngine:
             ids: int64 ``[N]`` transformed ids of the coming batch.
             offsets: int64 ``[S * B + 1]`` its bag offsets.
         """
-        if not any(self.caches) or ids.numel() == 0:
+        if not self.has_host_cached or ids.numel() == 0:
             return
         plan = self.packing
         _, slot_ids, per_id = self._slots_of(ids, offsets)
         keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         group_of = per_id(plan.slot_group)
         world = self.world or distributed.world()
-        for group, cache in enumerate(self.caches):
-            if cache is None:
-                continue
-            chosen = keys[group_of == group] if len(self.caches) > 1 else keys
+        for group, store in enumerate(self.tables):
+            chosen = keys[group_of == group] if len(self.tables) > 1 else keys
             if world.size > 1:
                 chosen = chosen[owner_of(chosen, world.size) == world.rank]
-            cache.prefetch(chosen)
+            store.prefetch(chosen)
 
-    def _local_rows(self, table, rows, pin):
+    def _local_rows(self, store, rows, pin):
         """``(values, unique, unique_index, apply)`` for the pooled lookup.
 
         Ids without a row (unseen at inference, not admitted yet) read an
@@ -354,51 +344,50 @@ class EmbeddingEngine:
         """
         missing = rows < 0
         if not bool(missing.any()):
-            unique, unique_index = unique_rows(rows, table.num_rows)
+            unique, unique_index = unique_rows(rows, store.row_bound)
             self.requests += unique.numel()
-            return table.weights, unique, unique_index, _RowUpdate(self, table, pin)
+            return store.weights, unique, unique_index, _RowUpdate(self, store, pin)
         present = (~missing).nonzero().squeeze(1)
-        unique, position = unique_rows(rows[present], table.num_rows)
+        unique, position = unique_rows(rows[present], store.row_bound)
         self.requests += unique.numel()
         unique_index = torch.full_like(rows, unique.numel())
         unique_index[present] = position
-        values = torch.cat([table.weights[unique],
-                            table.weights.new_zeros(1, table.dim)])
-        apply = functools.partial(self._apply_row_grads_dropping_last, table, unique, pin)
+        values = torch.cat([store.weights[unique],
+                            store.weights.new_zeros(1, store.dim)])
+        apply = functools.partial(self._apply_row_grads_dropping_last, store, unique, pin)
         return values, torch.arange(values.shape[0], device=values.device), unique_index, \
             apply
 
-    def _apply_row_grads_dropping_last(self, table, rows, pin, _, grads):
-        self._apply_row_grads(table, rows, grads[:-1], pin)
+    def _apply_row_grads_dropping_last(self, store, rows, pin, _, grads):
+        self._apply_row_grads(store, rows, grads[:-1], pin)
 
     def _route(self, group, keys, tags, training, ahead):
         """``(unique_index, route)``: the keys deduplicated, and the route of
         the unique ones to their owners."""
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
         unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \
-            if training and self.lifecycles[group] else None
+            if training and self.tables[group].needs_tags else None
         return unique_index, self._router.route(unique_keys, unique_tags, ahead=ahead)
 
     def _remote_rows(self, group, route, training):
-        if self.caches[group] is not None:
-            self.caches[group].check_fits(route.owner_keys, training)
-        table, owner_rows, pin = self._rows(group, route.owner_keys, route.owner_tags,
-                                            training)
+        store = self.tables[group]
+        store.check_fits(route.owner_keys, training)
+        owner_rows, pin = store.resolve(route.owner_keys, training, route.owner_tags)
         self.requests += owner_rows.numel()
         # Ids without a row (unseen at inference, not admitted) read zeros.
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
-                                   table.weights[owner_rows.clamp(min=0)], 0.0)
+                                   store.weights[owner_rows.clamp(min=0)], 0.0)
         values = route.rows_to_requesters(owner_values)
-        apply = functools.partial(self._apply_remote_grads, table, route, owner_rows, pin)
+        apply = functools.partial(self._apply_remote_grads, store, route, owner_rows, pin)
         return values, torch.arange(values.shape[0]), apply, pin
 
-    def _apply_remote_grads(self, table, route, owner_rows, pin, _, grads):
+    def _apply_remote_grads(self, store, route, owner_rows, pin, _, grads):
         owner_grads = route.grads_to_owners(grads) / self.world.size
         present = (owner_rows >= 0).nonzero().squeeze(1)
-        unique, position = unique_rows(owner_rows[present], table.num_rows)
+        unique, position = unique_rows(owner_rows[present], store.row_bound)
         summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
         summed.index_add_(0, position, owner_grads[present])
-        self._apply_row_grads(table, unique, summed, pin)
+        self._apply_row_grads(store, unique, summed, pin)
 
     def _pooling_weight(self, offsets, bag, per_id, num_ids, device):
         if not self.packing.has_sequences:
@@ -412,14 +401,8 @@ class EmbeddingEngine:
         """This rank's tables: rows, bytes held, and requests served so far;
         ``host_cached`` tables add their cache's figures (``RowCache.stats``)
         under ``"cache"``."""
-        tables = []
-        for table, cache in zip(self.tables, self.caches):
-            entry = {"dim": table.dim, "rows": table.num_rows,
-                     "bytes": table.memory_bytes()}
-            if cache is not None:
-                entry["cache"] = cache.stats()
-            tables.append(entry)
-        return {"requests": self.requests, "tables": tables}
+        return {"requests": self.requests,
+                "tables": [store.stats() for store in self.tables]}
 
 
 @dataclasses.dataclass
@@ -442,15 +425,15 @@ class _RowUpdate:
     the rows in one pass.
     """
 
-    def __init__(self, engine, table, pin):
-        self.engine, self.table, self.pin = engine, table, pin
+    def __init__(self, engine, store, pin):
+        self.engine, self.store, self.pin = engine, store, pin
 
     def __call__(self, rows, grads):
-        self.engine._apply_row_grads(self.table, rows, grads, self.pin)
+        self.engine._apply_row_grads(self.store, rows, grads, self.pin)
 
     def apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
         self.engine._checked_optimizer().apply_pooled(
-            self.table.weights, self.table.state, rows, grad_out, unique_index,
+            self.store.weights, self.store.state, rows, grad_out, unique_index,
             destination, id_weight)
         if self.pin is not None:
             self.pin.release()

@@ -1,123 +1,70 @@
-"""Per-table options, and the row lifecycle: admission and eviction, off by default.
+"""The row lifecycle: admission and eviction, off by default.
 
-``TableOptions`` also carries a table's storage tier (see ``cache``); the
-lifecycle below ignores it.
+A `RowLifecycle` wraps the row store of a physical table whose logical
+tables set lifecycle fields in their `TableOptions` (see `options`):
 
-* **Admission** (``admit_after=k``): an id gets a row only once it has
-  appeared in ``k`` training steps (several occurrences in one step count
+* **Admission** (`admit_after=k`): an id gets a row only once it has
+  appeared in `k` training steps (several occurrences in one step count
   once, so the rule does not depend on how a step's batch is split across
   ranks). Until then it reads a zero vector and gets no update; its count
   lives in a small key -> count map beside the table.
-* **Eviction** (``evict_idle_steps=n`` and/or ``evict_min_hits=h``): every
-  ``evict_every`` training steps, rows not touched in the last ``n`` steps,
-  or touched fewer than ``h`` times since the previous pass, are freed; the
+* **Eviction** (`evict_idle_steps=n` and/or `evict_min_hits=h`): every
+  `evict_every` training steps, rows not touched in the last `n` steps,
+  or touched fewer than `h` times since the previous pass, are freed; the
   table is compacted, so freed slots are reused by the next new ids. A freed
   id that comes back gets a fresh row at its initial value (its admission
   count is kept, so it is admitted at once).
 
-Eviction runs at the start of a training step, before the step resolves any
-row, so no step ever sees rows move under it.
+Eviction runs at the start of a training step (`begin_step`), before the
+step resolves any row, so no step ever sees rows move under it. The
+lifecycle counts per row of the wrapped store's `index` and changes that
+index only inside the store's `locked`, so a `host_cached` store's prefetch
+never runs beside it.
 """
 
-import dataclasses
+from __future__ import annotations
 
+from typing import TYPE_CHECKING, ContextManager
+
+import numpy as np
 import torch
 
 from reckeras.backend_kernels import hash_table
+from reckeras.embedding.options import TableOptions
+from reckeras.embedding.table import PhysicalTable, RowStore
+
+if TYPE_CHECKING:
+    from reckeras.embedding.cache import Pin
 
 NEVER = 2**62
-STORAGES = ("device", "host_cached")
-CACHE_POLICIES = ("lfu", "lru")
-
-
-@dataclasses.dataclass(frozen=True)
-class TableOptions:
-    """Lifecycle and storage options of one logical table.
-
-    Args:
-        admit_after: training steps an id must appear in before it gets a row
-            (1: at first sight).
-        evict_idle_steps: free rows idle for more than this many steps.
-        evict_min_hits: free rows touched fewer times than this between two
-            eviction passes.
-        evict_every: training steps between eviction passes.
-        storage: ``"device"`` keeps every row on the device;
-            ``"host_cached"`` keeps every row (and its optimizer state) in
-            host memory and a bounded cache of hot rows on the device (see
-            ``docs/caching.md``). All tables of one dim share one physical
-            table, so they must agree on ``storage`` and ``cache_policy``.
-        cache_rows: device cache budget in rows (``host_cached`` only).
-        cache_bytes: device cache budget in bytes, weights plus optimizer
-            state (``host_cached`` only; give it or ``cache_rows``).
-        cache_policy: which cached row to replace: ``"lfu"`` (least
-            frequently used, with aging) or ``"lru"`` (least recently used).
-
-    Example:
-        >>> rk.layers.ShardedEmbedding(columns, table_options={
-        ...     "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000),
-        ...     "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000)})
-    """
-
-    admit_after: int = 1
-    evict_idle_steps: int = None
-    evict_min_hits: int = None
-    evict_every: int = 100
-    storage: str = "device"
-    cache_rows: int = None
-    cache_bytes: int = None
-    cache_policy: str = "lfu"
-
-    def __post_init__(self):
-        for field in ("admit_after", "evict_every"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TableOptions.{field} must be an int >= 1, got {value!r}")
-        for field in ("evict_idle_steps", "evict_min_hits"):
-            value = getattr(self, field)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"TableOptions.{field} must be None or an int >= 1, "
-                                 f"got {value!r}")
-        self._check_storage()
-
-    def _check_storage(self):
-        if self.storage not in STORAGES:
-            raise ValueError(f"TableOptions.storage must be one of {STORAGES}, "
-                             f"got {self.storage!r}")
-        if self.cache_policy not in CACHE_POLICIES:
-            raise ValueError(f"TableOptions.cache_policy must be one of {CACHE_POLICIES}, "
-                             f"got {self.cache_policy!r}")
-        budgets = [f for f in ("cache_rows", "cache_bytes") if getattr(self, f) is not None]
-        if self.storage == "device":
-            if budgets:
-                raise ValueError(f"TableOptions.{budgets[0]} needs storage='host_cached'")
-            return
-        if len(budgets) != 1:
-            raise ValueError("storage='host_cached' needs exactly one of cache_rows and "
-                             f"cache_bytes, got {budgets or 'neither'}")
-        value = getattr(self, budgets[0])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"TableOptions.{budgets[0]} must be an int >= 1, got {value!r}")
-
-    @property
-    def uses_lifecycle(self):
-        """Whether admission or eviction differs from the defaults."""
-        return (self.admit_after, self.evict_idle_steps, self.evict_min_hits) != (1, None, None)
-
-    def get_config(self):
-        return dataclasses.asdict(self)
 
 
 class KeyCounter:
-    """How many times each not-yet-admitted key was seen."""
+    """How many training steps each not-yet-admitted key was seen in.
+
+    Example:
+
+    ```python
+    counter = KeyCounter()
+    counter.add(torch.tensor([7, 9]))   # [1, 1]
+    counter.add(torch.tensor([7]))      # [2]
+    ```
+    """
 
     def __init__(self):
         self.slot_keys, self.slot_rows = hash_table.new_slots(16)
         self.size = 0
         self.counts = torch.zeros(16, dtype=torch.int64)
 
-    def add(self, keys):
-        """Counts one step's sighting of each distinct key; returns each key's total."""
+    def add(self, keys: torch.Tensor) -> torch.Tensor:
+        """Counts one step's sighting of each distinct key.
+
+        Args:
+            keys: int64 keys seen in one step (duplicates count once).
+
+        Returns:
+            Each key's total count of steps.
+        """
         needed = self.size + keys.numel()
         if needed > self.slot_keys.numel() * hash_table.MAX_LOAD:
             self.slot_keys, self.slot_rows = hash_table.rehash(
@@ -134,16 +81,29 @@ class KeyCounter:
         return self.counts[index]
 
 
-class RowLifecycle:
-    """Admission and eviction for one physical table.
+class RowLifecycle(RowStore):
+    """Admission and eviction around the row store of one physical table.
+
+    It is itself a `RowStore`: what it does not change it hands to `store`.
 
     Args:
-        table: the PhysicalTable.
-        options: TableOptions per logical table index (tag).
+        store: the wrapped `PhysicalTable` or `cache.HostCachedTable`.
+        options: `TableOptions` per logical table index (tag).
+
+    Example:
+
+    ```python
+    store = RowLifecycle(PhysicalTable(8), [rk.embedding.TableOptions(admit_after=2)])
+    store.begin_step(1)
+    rows, _ = store.resolve(keys, training=True, tags=torch.zeros_like(keys))
+    # rows are -1 until a key was seen in 2 steps
+    ```
     """
 
-    def __init__(self, table, options):
-        self.table = table
+    needs_tags = True
+
+    def __init__(self, store: RowStore, options: list[TableOptions]):
+        self.store = store
         self.admit_after = torch.tensor([o.admit_after for o in options])
         self.idle_limit = torch.tensor([o.evict_idle_steps or NEVER for o in options])
         self.min_hits = torch.tensor([o.evict_min_hits or 0 for o in options])
@@ -154,56 +114,221 @@ class RowLifecycle:
         self.hits = torch.zeros(0, dtype=torch.int64)
         self.tag = torch.zeros(0, dtype=torch.int64)
         self.evicted = 0
+        self.step = 0
+
+    # ---- what the lifecycle changes ---------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        """Runs an eviction pass when one is due (see the module docstring).
+
+        Args:
+            step: the training step that begins, counted from 1.
+        """
+        self.store.begin_step(step)
+        self.step = step
+        if not self.evicts or step % self.evict_every:
+            return
+        with self.store.locked():
+            n = self.index.num_rows
+            tag = self.tag[:n]
+            stale = (step - self.last_step[:n]) > self.idle_limit[tag]
+            stale |= self.hits[:n] < self.min_hits[tag]
+            freed = int(stale.sum())
+            if freed:
+                self.compact((~stale).nonzero().squeeze(1))
+                self.evicted += freed
+            self.hits = torch.zeros(self.index.weights.shape[0], dtype=torch.int64)
+
+    def resolve(self, keys: torch.Tensor, training: bool,
+                tags: torch.Tensor | None = None) -> tuple[torch.Tensor, Pin | None]:
+        """Rows of `keys`; while training only admitted keys get one.
+
+        Args:
+            keys: int64 table keys.
+            training: admit keys seen often enough, and count the use of
+                every row (inference finds rows only).
+            tags: int64 logical table of each key (needed while training).
+
+        Returns:
+            `(rows, pin)` of the wrapped store; -1 for ids not admitted yet.
+        """
+        if not training:
+            return self.store.resolve(keys, training)
+        index = self.index
+        with self.store.locked():
+            rows = self._admitted_rows(keys.to(index.device), tags.to(index.device))
+            return self.store.place(rows, training)
+
+    def _admitted_rows(self, keys, tags):
+        index = self.index
+        rows = index.find(keys)
+        absent = (rows < 0).nonzero().squeeze(1)
+        if absent.numel():
+            seen = self.pending.add(keys[absent])
+            admitted = absent[seen >= self.admit_after[tags[absent]]]
+            if admitted.numel():
+                before = index.num_rows
+                rows[admitted] = index.find_or_insert(keys[admitted])
+                self._fit_rows()
+                self.tag[before:index.num_rows] = 0
+                self.tag[rows[admitted]] = tags[admitted]
+        self._fit_rows()
+        live = rows[rows >= 0]
+        self.last_step[live] = self.step
+        self.hits.index_add_(0, live, torch.ones_like(live))
+        return rows
 
     def _fit_rows(self):
-        capacity = self.table.weights.shape[0]
+        capacity = self.index.weights.shape[0]
         if self.last_step.numel() < capacity:
             extra = capacity - self.last_step.numel()
             self.last_step = torch.cat([self.last_step, torch.zeros(extra, dtype=torch.int64)])
             self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.int64)])
             self.tag = torch.cat([self.tag, torch.zeros(extra, dtype=torch.int64)])
 
-    def resolve(self, keys, tags, step):
-        """Training rows of ``keys``; -1 for ids not admitted yet."""
-        table = self.table
-        rows = table.find(keys)
-        absent = (rows < 0).nonzero().squeeze(1)
-        if absent.numel():
-            seen = self.pending.add(keys[absent])
-            admitted = absent[seen >= self.admit_after[tags[absent]]]
-            if admitted.numel():
-                before = table.num_rows
-                rows[admitted] = table.find_or_insert(keys[admitted])
-                self._fit_rows()
-                self.tag[before:table.num_rows] = 0
-                self.tag[rows[admitted]] = tags[admitted]
+    # ---- the rest is the wrapped store's ----------------------------------------------
+
+    @property
+    def storage(self) -> str:
+        """The wrapped store's storage."""
+        return self.store.storage
+
+    @property
+    def dim(self) -> int:
+        """The row width."""
+        return self.store.dim
+
+    @property
+    def name(self) -> str:
+        """How errors name the table."""
+        return self.store.name
+
+    @property
+    def index(self) -> PhysicalTable:
+        """The wrapped store's index, whose rows the lifecycle counts."""
+        return self.store.index
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """The wrapped store's lookup rows."""
+        return self.store.weights
+
+    @property
+    def state(self) -> torch.Tensor:
+        """The wrapped store's optimizer state."""
+        return self.store.state
+
+    @property
+    def row_bound(self) -> int:
+        """The wrapped store's bound on resolved rows."""
+        return self.store.row_bound
+
+    @property
+    def num_rows(self) -> int:
+        """Rows held (admitted and not evicted)."""
+        return self.store.num_rows
+
+    def locked(self) -> ContextManager:
+        """The wrapped store's lock.
+
+        Returns:
+            A context manager (reentrant).
+        """
+        return self.store.locked()
+
+    def place(self, index_rows: torch.Tensor,
+              training: bool) -> tuple[torch.Tensor, Pin | None]:
+        """The wrapped store's `place`.
+
+        Args:
+            index_rows: int64 rows of `index` (-1: none).
+            training: the lookup will update the rows.
+
+        Returns:
+            `(rows, pin)`.
+        """
+        return self.store.place(index_rows, training)
+
+    def check_fits(self, keys: torch.Tensor, training: bool) -> None:
+        """The wrapped store's `check_fits` (keys not admitted yet count too).
+
+        Args:
+            keys: int64 keys of one lookup.
+            training: the lookup may create rows.
+        """
+        self.store.check_fits(keys, training)
+
+    def prefetch(self, keys: torch.Tensor) -> None:
+        """The wrapped store's `prefetch` (it finds rows only: no admission).
+
+        Args:
+            keys: int64 keys a coming batch will look up.
+        """
+        self.store.prefetch(keys)
+
+    def release_pins(self) -> None:
+        """The wrapped store's `release_pins`."""
+        self.store.release_pins()
+
+    def sync(self) -> None:
+        """The wrapped store's `sync`."""
+        self.store.sync()
+
+    def configure_state(self, width: int, initial_value: float) -> None:
+        """The wrapped store's `configure_state`.
+
+        Args:
+            width: float32 state values per row.
+            initial_value: a new row's state values.
+        """
+        self.store.configure_state(width, initial_value)
+
+    def export(self) -> dict[str, np.ndarray]:
+        """The wrapped store's rows (admission counts and row ages are not saved).
+
+        Returns:
+            `{"keys", "weights", "state"}` numpy arrays.
+        """
+        return self.store.export()
+
+    def load(self, arrays: dict) -> None:
+        """Loads the wrapped store.
+
+        An export holds no row ages, hit counts or tags, and the loaded rows
+        are numbered anew: they start with none, as in a process that loads
+        the same export fresh. Admission counts (per key) are kept.
+
+        Args:
+            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors.
+        """
+        self.store.load(arrays)
+        self.last_step, self.hits, self.tag = (torch.zeros(0, dtype=torch.int64)
+                                               for _ in range(3))
         self._fit_rows()
-        live = rows[rows >= 0]
-        self.last_step[live] = step
-        self.hits.index_add_(0, live, torch.ones_like(live))
+
+    def compact(self, keep: torch.Tensor) -> torch.Tensor:
+        """The wrapped store's `compact`; row ages, hits and tags move with
+        their rows.
+
+        Args:
+            keep: int64 ascending rows of `index` to keep.
+
+        Returns:
+            The new row of each kept row.
+        """
+        kept = [values[keep] for values in (self.last_step, self.hits, self.tag)]
+        rows = self.store.compact(keep)
+        capacity = self.index.weights.shape[0]
+        self.last_step, self.hits, self.tag = (torch.zeros(capacity, dtype=torch.int64)
+                                               for _ in range(3))
+        for values, old in zip((self.last_step, self.hits, self.tag), kept):
+            values[rows] = old
         return rows
 
-    def maybe_evict(self, step):
-        """Runs an eviction pass when one is due; returns rows freed."""
-        if not self.evicts or step == 0 or step % self.evict_every:
-            return 0
-        table = self.table
-        table.sync()                 # rows are read below: a device cache writes back
-        n = table.num_rows
-        tag = self.tag[:n]
-        stale = (step - self.last_step[:n]) > self.idle_limit[tag]
-        stale |= self.hits[:n] < self.min_hits[tag]
-        freed = int(stale.sum())
-        if freed:
-            keep = (~stale).nonzero().squeeze(1)
-            arrays = {"keys": table.keys[keep], "weights": table.weights[keep],
-                      "state": table.state[keep]}
-            last_step, tag = self.last_step[keep], self.tag[keep]
-            table.load(arrays)
-            rows = table.find(arrays["keys"])
-            self.last_step = torch.zeros(table.weights.shape[0], dtype=torch.int64)
-            self.tag = torch.zeros_like(self.last_step)
-            self.last_step[rows], self.tag[rows] = last_step, tag
-            self.evicted += freed
-        self.hits = torch.zeros(table.weights.shape[0], dtype=torch.int64)
-        return freed
+    def stats(self) -> dict:
+        """The wrapped store's figures.
+
+        Returns:
+            `{"dim", "rows", "bytes"}` (and `"cache"`).
+        """
+        return self.store.stats()

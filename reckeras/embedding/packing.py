@@ -19,7 +19,7 @@ index inside its sequence.
 import torch
 
 from reckeras.backend_kernels.hashing import mix64
-from reckeras.embedding.lifecycle import TableOptions
+from reckeras.embedding.options import TableOptions
 from reckeras.features.specs import Sequence
 
 COMBINER_CODES = {"sum": 0, "mean": 1, "sqrtn": 2, None: 0}

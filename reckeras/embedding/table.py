@@ -1,17 +1,29 @@
-"""A physical embedding table: a dynamic hash index plus row storage.
+"""Row stores: what the engine needs of a physical table, and the device table.
 
 Several logical tables of one dim are packed into one physical table (see
-``packing``); their keys are salted so they never share a row. Storage grows
-without bound: the index is rehashed to keep its load under one half, and the
-row arrays double when full. A new row's initial value is a function of its
-key and the table's seed only, so it is the same whatever the batch order or
-the rank that creates it.
+`packing`); their keys are salted so they never share a row. On each rank a
+physical table's rows live in one *row store* (`RowStore`), the one interface
+the engine uses:
 
-A table may sit behind a device cache (``cache.RowCache``, storage
-``"host_cached"``): the cache then holds the newest value of the rows it
-caches, so ``sync`` writes those back before anything reads the rows here in
-bulk (export, lifecycle compaction), and ``load`` empties the cache.
+* `PhysicalTable` (storage `"device"`): a dynamic hash index plus row
+  arrays, every row where the lookup runs. It is also the host tier of a
+  `cache.HostCachedTable` (storage `"host_cached"`), which keeps every row
+  in a host `PhysicalTable` and runs the lookup and the optimizer on a
+  bounded device cache of the hot ones.
+* `lifecycle.RowLifecycle` wraps either of them to admit and evict rows.
+
+A `PhysicalTable` grows without bound: the index is rehashed to keep its load
+under one half, and the row arrays double when full. A new row's initial
+value is a function of its key and the table's seed only, so it is the same
+whatever the batch order or the rank that creates it. The table knows nothing
+of a cache in front of it: the store that owns both keeps them consistent.
 """
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import TYPE_CHECKING, ContextManager
 
 import numpy as np
 import torch
@@ -19,9 +31,17 @@ import torch
 from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import initial_rows
 
+if TYPE_CHECKING:
+    from reckeras.embedding.cache import Pin
 
-def available_host_bytes():
-    """Host memory the kernel reports available (Linux), else None."""
+
+def available_host_bytes() -> int | None:
+    """Host memory the kernel reports available (Linux), else None.
+
+    Returns:
+        Bytes of `MemAvailable` in `/proc/meminfo`, or None where it cannot
+        be read.
+    """
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -32,28 +52,216 @@ def available_host_bytes():
     return None
 
 
-class PhysicalTable:
-    """Rows of one dim, found by int64 key.
+class RowStore(abc.ABC):
+    """The rows of one physical table on this rank, as the engine uses them.
+
+    A lookup resolves its keys to rows (`resolve`, creating rows while
+    training), reads `weights[rows]`, and its backward hands the rows'
+    gradients to the sparse optimizer, which updates `weights[rows]` and
+    `state[rows]` in place. `weights` and `state` are read when they are used
+    (a store may replace them as it grows), so an update queued for later
+    still lands in the current arrays. Rows stay valid until the next
+    training step begins (`begin_step`, where a lifecycle may renumber them)
+    and, in a `host_cached` store, until the lookup's `pin` is released.
+
+    Every store also has these attributes:
+
+    * `dim` (int): the row width; `name` (str): how errors name the table.
+    * `storage` (str): `"device"` or `"host_cached"` (`TableOptions.storage`).
+    * `needs_tags` (bool): whether `resolve` reads the keys' tags (each key's
+      logical table among the physical table's); the engine computes and
+      routes tags only for a store that needs them.
+    * `index` (`PhysicalTable`): every row this rank holds, found by key
+      (the host tier of a `host_cached` store). Its row numbers are the
+      ones `compact` and `place` take.
+    * `weights`, `state` (`torch.Tensor`): `[row_bound or more, dim]` and
+      `[..., state width]`, the arrays lookups read and the optimizer updates.
+    * `row_bound` (int): every row `resolve` returns is below it.
+    * `num_rows` (int): rows this store holds.
+
+    Methods with a body here are what a store without a device tier does
+    (nothing); `PhysicalTable` keeps them.
+
+    Example:
+
+    ```python
+    rows, pin = store.resolve(keys, training=True)
+    values = store.weights[rows]              # the lookup's forward
+    optimizer.apply(store.weights, store.state, unique_rows, grads)
+    if pin is not None:
+        pin.release()
+    ```
+    """
+
+    storage = "device"
+    needs_tags = False
+
+    @abc.abstractmethod
+    def resolve(self, keys: torch.Tensor, training: bool,
+                tags: torch.Tensor | None = None) -> tuple[torch.Tensor, Pin | None]:
+        """Rows of `weights`/`state` for one lookup of `keys`.
+
+        Args:
+            keys: int64 table keys (duplicates allowed).
+            training: create rows for new keys (a lifecycle: only the ones it
+                admits) and mark them for update; else find only.
+            tags: int64, each key's logical table (its index among the
+                physical table's); read only where `needs_tags`, else None.
+
+        Returns:
+            `(rows, pin)`: each key's row (-1 where it has none) and what
+            keeps the rows in place until the lookup's update ran (None when
+            nothing can move them).
+        """
+
+    @abc.abstractmethod
+    def locked(self) -> ContextManager:
+        """Holds what keeps a concurrent `prefetch` off the store's index.
+
+        A wrapper that changes the index itself (a lifecycle admitting keys)
+        holds it around its change and `place`.
+
+        Returns:
+            A context manager (reentrant).
+        """
+
+    @abc.abstractmethod
+    def place(self, index_rows: torch.Tensor,
+              training: bool) -> tuple[torch.Tensor, Pin | None]:
+        """`resolve` for keys whose rows of `index` the caller found.
+
+        Call it inside `locked`, with the index rows found inside it too.
+
+        Args:
+            index_rows: int64 rows of `index` (-1: none).
+            training: the lookup will update the rows.
+
+        Returns:
+            `(rows, pin)` as `resolve` returns them.
+        """
+
+    def check_fits(self, keys: torch.Tensor, training: bool) -> None:
+        """Raises before anything changes if one lookup of `keys` cannot
+        fit (a device cache's budget); a store without one always fits.
+
+        Args:
+            keys: int64 keys of one lookup.
+            training: the lookup may create rows for keys not seen yet.
+        """
+
+    def prefetch(self, keys: torch.Tensor) -> None:
+        """Brings the existing rows of `keys` close to the lookup ahead of
+        time (a device cache); creates no row, changes no value. A store
+        without a device tier has nothing to bring.
+
+        Args:
+            keys: int64 keys a coming batch will look up.
+        """
+
+    def begin_step(self, step: int) -> None:
+        """A training step begins, before it resolves any row (a lifecycle
+        runs its eviction pass here when one is due).
+
+        Args:
+            step: the training step, counted from 1.
+        """
+
+    def release_pins(self) -> None:
+        """Unpins every row (lookups whose step failed before its update)."""
+
+    def sync(self) -> None:
+        """Makes `index` hold every row's newest value (a device cache
+        writes its updated rows back)."""
+
+    @abc.abstractmethod
+    def configure_state(self, width: int, initial_value: float) -> None:
+        """Sets the per-row optimizer state layout.
+
+        State already of this width (for example loaded from a checkpoint) is
+        kept; otherwise every row starts at `initial_value`.
+
+        Args:
+            width: float32 state values per row.
+            initial_value: a new row's state values.
+        """
+
+    @abc.abstractmethod
+    def export(self) -> dict[str, np.ndarray]:
+        """Every row this store holds, with its newest value.
+
+        Returns:
+            `{"keys": int64 [n], "weights": float32 [n, dim],
+            "state": float32 [n, width]}`.
+        """
+
+    @abc.abstractmethod
+    def load(self, arrays: dict) -> None:
+        """Replaces every row by exported arrays (the inverse of `export`).
+
+        Args:
+            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors.
+
+        Raises:
+            ValueError: the weights' shape does not match the keys and `dim`.
+        """
+
+    @abc.abstractmethod
+    def compact(self, keep: torch.Tensor) -> torch.Tensor:
+        """Keeps only some rows of `index`, values and state unchanged.
+
+        Rows are renumbered, so no lookup may hold rows meanwhile (a
+        lifecycle compacts at `begin_step`).
+
+        Args:
+            keep: int64 ascending rows of `index` to keep.
+
+        Returns:
+            The new row of each kept row, in the order of `keep`.
+        """
+
+    @abc.abstractmethod
+    def stats(self) -> dict:
+        """This store's figures for `EmbeddingEngine.stats`.
+
+        Returns:
+            `{"dim", "rows", "bytes"}` (rows held, bytes of `index`), plus
+            `"cache"` (`RowCache.stats`) for a `host_cached` store.
+        """
+
+
+class PhysicalTable(RowStore):
+    """Rows of one dim, found by int64 key: the `"device"` row store.
+
+    Its arrays live on `device`, and the rows it resolves are rows of its own
+    arrays (it is its own `index`).
 
     Args:
         dim: row width.
-        init_scale: new rows are uniform in ``[-init_scale, init_scale]``.
+        init_scale: new rows are uniform in `[-init_scale, init_scale]`.
         seed: seed of the initial values.
         device: torch device of the storage.
         name: how errors name the table (its logical tables).
         pin_memory: allocate rows and state in pinned host memory (a host
             tier copied to and from a GPU cache).
+
+    Example:
+
+    ```python
+    table = PhysicalTable(dim=4, init_scale=0.05, seed=1)
+    rows = table.find_or_insert(torch.tensor([10, 20, 10]))   # rows 0, 1, 0
+    table.find(torch.tensor([20, 99]))                          # rows 1, -1
+    ```
     """
 
-    def __init__(self, dim, init_scale=0.05, seed=0, device=None, name=None,
-                 pin_memory=False):
+    def __init__(self, dim: int, init_scale: float = 0.05, seed: int = 0,
+                 device: str | torch.device | None = None, name: str | None = None,
+                 pin_memory: bool = False):
         self.dim = dim
         self.init_scale = init_scale
         self.seed = seed
         self.device = torch.device(device or "cpu")
         self.name = name or f"dim {dim}"
         self.pin_memory = pin_memory
-        self.cache = None            # a RowCache holding some rows' newest values
         self.slot_keys, self.slot_rows = hash_table.new_slots(16, self.device)
         self.num_rows = 0
         self.keys = torch.empty(1, dtype=torch.int64, device=self.device)
@@ -61,15 +269,83 @@ class PhysicalTable:
         self.state = torch.zeros(1, 0, device=self.device)
         self.state_init = 0.0
 
-    def configure_state(self, width, initial_value):
-        """Sets the per-row optimizer state layout.
+    # ---- the row store -----------------------------------------------------------
 
-        State already of this width (for example loaded from a checkpoint) is
-        kept; otherwise every row starts at ``initial_value``.
+    @property
+    def index(self) -> PhysicalTable:
+        """The table itself: its rows are the ones lookups use."""
+        return self
+
+    @property
+    def row_bound(self) -> int:
+        """Rows in use: every resolved row is below it."""
+        return self.num_rows
+
+    def resolve(self, keys: torch.Tensor, training: bool,
+                tags: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        """Rows of `keys`, created for new keys while training (see
+        `RowStore.resolve`; nothing moves them, so there is no pin).
+
+        Args:
+            keys: int64 table keys.
+            training: create rows for new keys.
+            tags: unused: every key gets a row (see `needs_tags`).
+
+        Returns:
+            `(rows, None)`.
+        """
+        return self.rows_of(keys, insert=training), None
+
+    def locked(self) -> ContextManager:
+        """Nothing runs beside the step on a device table (no prefetch).
+
+        Returns:
+            A context manager that holds nothing.
+        """
+        return contextlib.nullcontext()
+
+    def place(self, index_rows: torch.Tensor,
+              training: bool) -> tuple[torch.Tensor, None]:
+        """The index rows are the lookup's rows.
+
+        Args:
+            index_rows: int64 rows of this table (-1: none).
+            training: unused: rows need no marking for an update.
+
+        Returns:
+            `(index_rows, None)`.
+        """
+        return index_rows, None
+
+    def configure_state(self, width: int, initial_value: float) -> None:
+        """Sets the per-row optimizer state layout (see `RowStore.configure_state`).
+
+        Args:
+            width: float32 state values per row.
+            initial_value: a new row's state values.
         """
         if self.state.shape[1] != width:
             self.state = self._rows_storage(self.weights.shape[0], width, initial_value)
         self.state_init = initial_value
+
+    def stats(self) -> dict:
+        """Rows and bytes of the table.
+
+        Returns:
+            `{"dim", "rows", "bytes"}`.
+        """
+        return {"dim": self.dim, "rows": self.num_rows, "bytes": self.memory_bytes()}
+
+    def memory_bytes(self) -> int:
+        """Bytes of the index, keys, rows and optimizer state.
+
+        Returns:
+            The bytes of every array the table holds.
+        """
+        tensors = (self.slot_keys, self.slot_rows, self.keys, self.weights, self.state)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # ---- the hash index and the row arrays ------------------------------------------
 
     def _reserve(self, extra_keys):
         needed = self.num_rows + extra_keys
@@ -78,8 +354,8 @@ class PhysicalTable:
                 self.slot_keys, self.slot_rows, hash_table.capacity_for(needed))
 
     def _rows_storage(self, rows, width, fill):
-        """A ``[rows, width]`` float32 array filled with ``fill`` (left
-        uninitialized when ``fill`` is None), or MemoryError naming the table."""
+        """A `[rows, width]` float32 array filled with `fill` (left
+        uninitialized when `fill` is None), or MemoryError naming the table."""
         size = rows * width * 4
         available = available_host_bytes() if self.device.type == "cpu" else None
         # Refuse before the kernel's OOM killer would end the process silently.
@@ -113,8 +389,15 @@ class PhysicalTable:
         keys[:self.num_rows] = self.keys[:self.num_rows]
         self.weights, self.state, self.keys = weights, state, keys
 
-    def find_or_insert(self, keys):
-        """Rows of ``keys``, creating (and initializing) rows for new keys."""
+    def find_or_insert(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rows of `keys`, creating (and initializing) rows for new keys.
+
+        Args:
+            keys: int64 keys (duplicates allowed).
+
+        Returns:
+            int64 rows, one per key.
+        """
         # Look up first and insert only the absent ids: sizing the index for
         # them (not for the whole batch) keeps it small enough to stay in cache.
         rows = self.find(keys)
@@ -140,34 +423,51 @@ class PhysicalTable:
             self.num_rows = after
         return rows
 
-    def find(self, keys):
-        """Rows of ``keys``; -1 where a key has no row. Creates nothing."""
+    def find(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rows of `keys`; creates nothing.
+
+        Args:
+            keys: int64 keys.
+
+        Returns:
+            int64 rows, -1 where a key has no row.
+        """
         return hash_table.find(self.slot_keys, self.slot_rows, keys)
 
-    def rows_of(self, keys, insert):
+    def rows_of(self, keys: torch.Tensor, insert: bool) -> torch.Tensor:
+        """`find_or_insert` when `insert`, else `find`.
+
+        Args:
+            keys: int64 keys.
+            insert: create rows for new keys.
+
+        Returns:
+            int64 rows (-1: no row, only without `insert`).
+        """
         return self.find_or_insert(keys) if insert else self.find(keys)
 
-    # ---- checkpoints ---------------------------------------------------------
+    # ---- checkpoints and compaction --------------------------------------------------
 
-    def sync(self):
-        """Makes this table's rows current (writes back its cache's dirty rows)."""
-        if self.cache is not None:
-            self.cache.write_back()
+    def export(self) -> dict[str, np.ndarray]:
+        """The live rows (see `RowStore.export`).
 
-    def export(self):
-        """``{"keys", "weights", "state"}`` numpy arrays of the live rows."""
-        self.sync()
+        Returns:
+            `{"keys", "weights", "state"}` numpy arrays.
+        """
         n = self.num_rows
         return {"keys": self.keys[:n].cpu().numpy(),
                 "weights": self.weights[:n].cpu().numpy(),
                 "state": self.state[:n].cpu().numpy()}
 
-    def load(self, arrays):
-        """Replaces the content with exported arrays."""
-        keys = torch.as_tensor(np.asarray(arrays["keys"]), dtype=torch.int64,
-                               device=self.device)
-        weights = torch.as_tensor(np.asarray(arrays["weights"]), device=self.device)
-        state = torch.as_tensor(np.asarray(arrays["state"]), device=self.device)
+    def load(self, arrays: dict) -> None:
+        """Replaces the content with exported arrays (see `RowStore.load`).
+
+        Args:
+            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors.
+        """
+        keys = _tensor(arrays["keys"], torch.int64, self.device)
+        weights = _tensor(arrays["weights"], None, self.device)
+        state = _tensor(arrays["state"], None, self.device)
         if weights.shape != (keys.numel(), self.dim):
             raise ValueError(f"table of dim {self.dim} cannot load weights of shape "
                              f"{tuple(weights.shape)} for {keys.numel()} keys")
@@ -182,9 +482,24 @@ class PhysicalTable:
         self.weights[rows] = weights.float()
         if state.numel():
             self.state[rows] = state.float()
-        if self.cache is not None:       # rows were renumbered: cached copies are void
-            self.cache.clear()
 
-    def memory_bytes(self):
-        tensors = (self.slot_keys, self.slot_rows, self.keys, self.weights, self.state)
-        return sum(t.numel() * t.element_size() for t in tensors)
+    def compact(self, keep: torch.Tensor) -> torch.Tensor:
+        """Keeps only the rows `keep` (see `RowStore.compact`).
+
+        Args:
+            keep: int64 ascending rows to keep.
+
+        Returns:
+            The new row of each kept row.
+        """
+        keys = self.keys[keep]
+        self.load({"keys": keys, "weights": self.weights[keep], "state": self.state[keep]})
+        return self.find(keys)
+
+
+def _tensor(values, dtype, device):
+    """Exported arrays arrive as numpy (checkpoints, Keras's store) or as
+    tensors (compaction, on the table's own device)."""
+    if not isinstance(values, torch.Tensor):
+        values = np.asarray(values)
+    return torch.as_tensor(values, dtype=dtype, device=device)

@@ -28,7 +28,7 @@ def step(plan, engine, a, b, grad=1.0):
 
 def has_row(engine, table, raw_id):
     key = mix64(torch.tensor([raw_id])) ^ table_salt(table)
-    return bool(engine.tables[0].find(key)[0] >= 0)
+    return bool(engine.tables[0].index.find(key)[0] >= 0)
 
 
 def test_admission_after_k_sightings_reads_zeros_until_then():
@@ -54,12 +54,13 @@ def test_idle_rows_are_evicted_and_slots_reused():
     step(plan, engine, [1], [5])                  # step 4: id 2 idle for 3 steps
     assert not has_row(engine, "a", 2) and has_row(engine, "a", 1)
     assert has_row(engine, "b", 5)                 # table "b" has no eviction
-    assert engine.lifecycles[0].evicted == 1 and engine.tables[0].num_rows == 2
+    assert engine.tables[0].evicted == 1 and engine.tables[0].num_rows == 2
     key_a1 = mix64(torch.tensor([1])) ^ table_salt("a")
-    kept = engine.tables[0].weights[engine.tables[0].find(key_a1)].clone()
+    table = engine.tables[0].index
+    kept = table.weights[table.find(key_a1)].clone()
     step(plan, engine, [3], [5])                  # a new id takes the freed slot
     assert engine.tables[0].num_rows == 3
-    assert torch.equal(engine.tables[0].weights[engine.tables[0].find(key_a1)], kept)
+    assert torch.equal(table.weights[table.find(key_a1)], kept)
 
 
 def test_rarely_hit_rows_are_evicted():

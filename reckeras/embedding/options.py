@@ -1,0 +1,101 @@
+"""Per-table options: a logical table's row lifecycle and its storage tier.
+
+`TableOptions` is what a user passes to `ShardedEmbedding(table_options=...)`
+for one logical table. The lifecycle fields (admission, eviction) are read by
+`lifecycle.RowLifecycle`; the storage fields (`storage`, the cache budget and
+policy) by `cache.HostCachedTable`. The engine builds one row store per
+physical table from the options of the logical tables packed into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+STORAGES = ("device", "host_cached")
+CACHE_POLICIES = ("lfu", "lru")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableOptions:
+    """Lifecycle and storage options of one logical table.
+
+    Args:
+        admit_after: training steps an id must appear in before it gets a row
+            (1: at first sight).
+        evict_idle_steps: free rows idle for more than this many steps.
+        evict_min_hits: free rows touched fewer times than this between two
+            eviction passes.
+        evict_every: training steps between eviction passes.
+        storage: `"device"` keeps every row on the device;
+            `"host_cached"` keeps every row (and its optimizer state) in
+            host memory and a bounded cache of hot rows on the device (see
+            `docs/caching.md`). All tables of one dim share one physical
+            table, so they must agree on `storage` and `cache_policy`.
+        cache_rows: device cache budget in rows (`host_cached` only).
+        cache_bytes: device cache budget in bytes, weights plus optimizer
+            state (`host_cached` only; give it or `cache_rows`).
+        cache_policy: which cached row to replace: `"lfu"` (least
+            frequently used, with aging) or `"lru"` (least recently used).
+
+    Example:
+
+    ```python
+    emb = rk.layers.ShardedEmbedding(columns, table_options={
+        "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000),
+        "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000)})
+    ```
+    """
+
+    admit_after: int = 1
+    evict_idle_steps: int | None = None
+    evict_min_hits: int | None = None
+    evict_every: int = 100
+    storage: str = "device"
+    cache_rows: int | None = None
+    cache_bytes: int | None = None
+    cache_policy: str = "lfu"
+
+    def __post_init__(self):
+        for field in ("admit_after", "evict_every"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TableOptions.{field} must be an int >= 1, got {value!r}")
+        for field in ("evict_idle_steps", "evict_min_hits"):
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"TableOptions.{field} must be None or an int >= 1, "
+                                 f"got {value!r}")
+        self._check_storage()
+
+    def _check_storage(self):
+        if self.storage not in STORAGES:
+            raise ValueError(f"TableOptions.storage must be one of {STORAGES}, "
+                             f"got {self.storage!r}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ValueError(f"TableOptions.cache_policy must be one of {CACHE_POLICIES}, "
+                             f"got {self.cache_policy!r}")
+        budgets = [f for f in ("cache_rows", "cache_bytes") if getattr(self, f) is not None]
+        if self.storage == "device":
+            if budgets:
+                raise ValueError(f"TableOptions.{budgets[0]} needs storage='host_cached'")
+            return
+        if len(budgets) != 1:
+            raise ValueError("storage='host_cached' needs exactly one of cache_rows and "
+                             f"cache_bytes, got {budgets or 'neither'}")
+        value = getattr(self, budgets[0])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"TableOptions.{budgets[0]} must be an int >= 1, got {value!r}")
+
+    @property
+    def uses_lifecycle(self) -> bool:
+        """Whether admission or eviction differs from the defaults."""
+        return (self.admit_after, self.evict_idle_steps, self.evict_min_hits) != (1, None, None)
+
+    def get_config(self) -> dict:
+        """The fields as a dict: `TableOptions(**config)` rebuilds the options.
+
+        Returns:
+            `{field name: value}` of every field.
+        """
+        return dataclasses.asdict(self)
