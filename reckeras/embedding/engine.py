@@ -25,12 +25,12 @@ loads a later batch's rows into the caches ahead of its step.
 
 With several ranks, ``route_ahead`` plans a coming batch's routes (its keys'
 dedup and their exchange to the owners) beside the running step (the
-pipeline's sparse-dist stage); the step then takes them in order. The keys'
-owners resolve them to rows only in the step, so training is the same either
-way.
+pipeline's sparse-dist stage) and returns them as a ``RoutedBatch``, which
+travels with its batch: the step passes it to ``lookup(..., routed=...)``.
+The keys' owners resolve them to rows only in the step, so training is the
+same either way.
 """
 
-import collections
 import dataclasses
 import functools
 
@@ -76,7 +76,6 @@ class EmbeddingEngine:
         self.world = None
         self.requests = 0      # unique keys this rank's tables served, all batches
         self._layout = (None, None)    # (key, layout), see _one_id_per_bag_layout
-        self._routed = collections.deque()   # futures of route_ahead, in batch order
 
     def _store(self, group, init_scale, seed, cache_device):
         plan = self.packing
@@ -135,13 +134,16 @@ class EmbeddingEngine:
         if pin is not None:
             pin.release()
 
-    def lookup(self, ids, offsets, training):
+    def lookup(self, ids, offsets, training, routed=None):
         """Embeddings of a packed batch, per physical table (dim).
 
         Args:
             ids: int64 ``[N]`` transformed ids.
             offsets: int64 ``[S * B + 1]`` bag offsets.
             training: create rows for new ids (else unseen ids read zeros).
+            routed: the ``RoutedBatch`` that ``route_ahead`` returned for this
+                very batch (the same ``ids`` and ``offsets`` tensors and
+                ``training``), or None to route the keys here.
 
         Returns:
             One ``(pooled, sequences)`` per physical table: ``pooled`` is
@@ -149,8 +151,9 @@ class EmbeddingEngine:
             sequence feature to ``[B, L, D]`` (see ``packing.GroupLayout``).
         """
         plan = self.packing
+        if routed is not None:
+            self._check_routed(routed, ids, offsets, training)
         batch, slot_ids, per_id = self._slots_of(ids, offsets)
-        routed = self._take_routed(ids, offsets, training)
         keys = routed.keys if routed else \
             table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         if self.has_host_cached and self.connect() is None:
@@ -190,8 +193,8 @@ class EmbeddingEngine:
         Runs on the pipeline's sparse-dist thread while an earlier step runs:
         dedups the batch's keys per table and sends them to their owners (in
         process groups of its own). Every rank must plan the same batches in
-        the same order, and the step must look them up in that order (see
-        ``expect_routed``).
+        the same order; the step hands the result to ``lookup`` of the same
+        batch (``routed=``).
 
         Args:
             ids: int64 ``[N]`` transformed ids of the coming batch.
@@ -210,29 +213,18 @@ class EmbeddingEngine:
                 self._group_layout(offsets, batch, per_id, ids)):
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
             routes.append(self._route(group, group_keys, tags, training, ahead=True))
-        return RoutedBatch(ids, offsets, training, keys, routes)
+        return RoutedBatch(self, ids, offsets, training, keys, routes)
 
-    def expect_routed(self, routed):
-        """Queues a future of ``route_ahead``: the next lookup takes it."""
-        self._routed.append(routed)
-
-    def clear_routed(self):
-        """Drops routes planned for batches that will not be looked up."""
-        self._routed.clear()
-
-    def _take_routed(self, ids, offsets, training):
-        if not self._routed:
-            return None
-        routed = self._routed.popleft().result()   # re-raises the exchange's error
-        if routed.training != training or not (
-                routed.ids.shape == ids.shape and routed.offsets.shape == offsets.shape
-                and torch.equal(routed.ids, ids) and torch.equal(routed.offsets, offsets)):
-            self.clear_routed()
+    def _check_routed(self, routed, ids, offsets, training):
+        # Identity, not equality: the planned batch is the looked-up one
+        # object for object (comparing the ids would cost a pass per step).
+        if routed.engine is not self or routed.ids is not ids \
+                or routed.offsets is not offsets or routed.training != training:
             raise RuntimeError(
-                "the embedding lookup received another batch than the one whose "
-                "routes the sparse-dist stage planned: a layer fed by the pipeline "
-                "must look up each batch once, in order")
-        return routed
+                "the embedding lookup received routes the sparse-dist stage planned "
+                "for another batch (or another layer, or training flag): pass each "
+                "lookup the RoutedBatch that route_ahead returned for its own ids "
+                "and offsets tensors")
 
     def _group_layout(self, offsets, batch, per_id, ids):
         if self.packing.has_sequences:
@@ -408,8 +400,9 @@ class EmbeddingEngine:
 @dataclasses.dataclass
 class RoutedBatch:
     """A batch's keys and, per physical table, ``(unique_index, route)``,
-    planned by ``EmbeddingEngine.route_ahead``."""
+    planned by ``EmbeddingEngine.route_ahead`` of ``engine``."""
 
+    engine: EmbeddingEngine
     ids: torch.Tensor
     offsets: torch.Tensor
     training: bool

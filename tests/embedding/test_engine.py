@@ -1,6 +1,7 @@
 """Engine lookups and sparse updates against plain numpy."""
 
 import numpy as np
+import pytest
 import torch
 
 import reckeras as rk
@@ -125,28 +126,23 @@ def test_unpooled_sequences_land_in_their_own_region():
 
 
 def test_routes_planned_for_another_batch_are_refused():
-    from concurrent.futures import Future
-
     from reckeras.embedding.engine import RoutedBatch
     specs = [rk.features.Categorical("a", dim=2)]
     plan, engine = make_engine(specs)
+    _, other_engine = make_engine(specs)
     planned = plan.packed_sparse({"a": torch.tensor([1, 2])})
-    looked_up = plan.packed_sparse({"a": torch.tensor([1, 3])})
-    future = Future()
-    future.set_result(RoutedBatch(planned["ids"], planned["offsets"], True,
-                                  planned["ids"], []))
-    engine.expect_routed(future)
-    try:
-        engine.lookup(looked_up["ids"], looked_up["offsets"], training=True)
-    except RuntimeError as error:
-        assert "sparse-dist stage" in str(error)
-    else:
-        raise AssertionError("a route planned for another batch was used")
-    assert engine.tables[0].num_rows == 0          # refused before any row exists
+    same_values = {k: v.clone() for k, v in planned.items()}
+    another = plan.packed_sparse({"a": torch.tensor([1, 3])})
+    routed = RoutedBatch(engine, planned["ids"], planned["offsets"], True,
+                         planned["ids"], [])
+    for looked_up, training, planner in ((another, True, engine),
+                                         (same_values, True, engine),  # equal, not it
+                                         (planned, False, engine),
+                                         (planned, True, other_engine)):
+        routed.engine = planner
+        with pytest.raises(RuntimeError, match="planned for another batch"):
+            engine.lookup(looked_up["ids"], looked_up["offsets"], training, routed=routed)
+    assert engine.tables[0].num_rows == 0 and engine.step == 0   # refused first
     # route_ahead plans exchanges between ranks: one process has none to plan.
-    try:
+    with pytest.raises(RuntimeError, match="several ranks"):
         engine.route_ahead(planned["ids"], planned["offsets"], True)
-    except RuntimeError as error:
-        assert "several ranks" in str(error)
-    else:
-        raise AssertionError("route_ahead ran in one process")
