@@ -1,47 +1,149 @@
 """The one place that decides where a kernel runs.
 
-CUDA tensors go to the Triton kernels. CPU tensors go to the native CPU
-kernels (``cpu_native``: C loops compiled on first use) where one exists and
-can be built, else to the torch references, which define the semantics that
-both are tested against.
+CUDA tensors go to the Triton kernels (`use_triton`). CPU tensors go to the
+native CPU kernels (`use_native`; `cpu_native`: C loops compiled on first
+use) where one exists and can be built, else to the torch references, which
+define the semantics that both are tested against.
 
-Triton kernels are written as plain functions marked with ``@kernel`` and
-annotated with this module's ``constexpr``; the first launch of any kernel of a
-module (``TritonKernels.ready``) imports triton and turns every marked function
-of that module into a ``triton.jit`` function in place. So importing reckeras
-defines no kernel, and ``TRITON_INTERPRET`` (read by ``triton.jit``) may be
-set any time before the first launch.
+Triton kernels are written as plain functions marked with `@kernel` and
+annotated with this module's `constexpr`; the first launch of any kernel of a
+module (`TritonKernels.ready`) imports triton and turns every marked function
+of that module into a `triton.jit` function in place. So importing reckeras
+defines no kernel, and `TRITON_INTERPRET` (read by `triton.jit`) may be set
+any time before the first launch.
+
+Tests send CPU tensors down the Triton route with `triton_on_cpu()`, in
+Triton's interpreter, to check a caller's Triton path on a machine without a
+GPU.
 """
 
+import contextlib
 import importlib.util
+import os
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 
+_triton_on_cpu = False        # set by triton_on_cpu(), for tests
+
 
 def use_triton(tensor: torch.Tensor) -> bool:
-    """True when ``tensor`` lives on a CUDA device and Triton is installed."""
-    return TRITON_AVAILABLE and tensor.is_cuda
+    """Whether the Triton kernel serves `tensor`.
+
+    Args:
+        tensor: the tensor an entry point is called on.
+
+    Returns:
+        True when Triton is installed and `tensor` lives on a CUDA device
+        (or on any device inside `triton_on_cpu()`).
+
+    Example:
+
+    ```python
+    fn = bucketize_triton if use_triton(values) else bucketize_reference
+    ```
+    """
+    return TRITON_AVAILABLE and (tensor.is_cuda or _triton_on_cpu)
 
 
 def use_native(*tensors: torch.Tensor) -> bool:
-    """True when the native CPU kernels serve these tensors."""
+    """Whether the native CPU kernels (`cpu_native`) serve these tensors.
+
+    Args:
+        *tensors: the tensors an entry point is called on.
+
+    Returns:
+        True when they are CPU tensors the native kernels take and those
+        kernels are built (never inside `triton_on_cpu()`).
+
+    Example:
+
+    ```python
+    if use_native(weights, rows):
+        cpu_native.pool_forward(...)
+    ```
+    """
+    if _triton_on_cpu:
+        return False
     from reckeras.backend_kernels import cpu_native
     return cpu_native.usable(*tensors)
 
 
+@contextlib.contextmanager
+def triton_on_cpu() -> Iterator[None]:
+    """Sends CPU tensors to the Triton kernels, in Triton's interpreter.
+
+    For tests: inside the block every entry point takes its Triton route for
+    CPU tensors as it does for CUDA tensors, so a caller's Triton path (for
+    example `features.plan.TransformPlan`'s) runs on a machine without a
+    GPU. `TRITON_INTERPRET=1` must be set before the first kernel launch of
+    the process. The switch is process-wide: do not use it while other
+    threads run kernels.
+
+    Raises:
+        RuntimeError: when Triton is not installed or `TRITON_INTERPRET` is
+            not `1`.
+
+    Example:
+
+    ```python
+    os.environ["TRITON_INTERPRET"] = "1"
+    with dispatch.triton_on_cpu():
+        packed = plan.packed_sparse(cpu_inputs)     # the Triton kernels ran
+    ```
+    """
+    global _triton_on_cpu
+    if not TRITON_AVAILABLE:
+        raise RuntimeError("triton_on_cpu() needs triton installed")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton_on_cpu() runs Triton's interpreter: set "
+                           "TRITON_INTERPRET=1 before the first kernel launch")
+    previous, _triton_on_cpu = _triton_on_cpu, True
+    try:
+        yield
+    finally:
+        _triton_on_cpu = previous
+
+
 class constexpr:  # noqa: N801 - read by name, as triton.language.constexpr
-    """Annotation of a compile-time kernel argument (``BLOCK: constexpr``)."""
+    """Annotation of a compile-time kernel argument (`BLOCK: constexpr`).
+
+    `TritonKernels.ready` replaces it by `triton.language.constexpr` in the
+    module's namespace, which is what the compiler resolves.
+
+    Example:
+
+    ```python
+    @kernel
+    def _scale_kernel(x_ptr, n, BLOCK: constexpr):
+        ...
+    ```
+    """
 
 
-def kernel(fn=None, *, do_not_specialize=()):
-    """Marks ``fn`` as the source of a Triton kernel or device function.
+def kernel(fn: Callable | None = None, *,
+           do_not_specialize: Iterable[str] = ()) -> Callable:
+    """Marks `fn` as the source of a Triton kernel or device function.
 
     Args:
+        fn: the function; omitted when the decorator takes arguments.
         do_not_specialize: integer arguments that vary with the data (counts,
             lengths): Triton would otherwise compile one variant per value
             class (1, multiple of 16, other) of each.
+
+    Returns:
+        `fn` itself, marked (or the decorator that marks it).
+
+    Example:
+
+    ```python
+    @kernel(do_not_specialize=("n",))
+    def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+    ```
     """
     if fn is None:
         return lambda f: kernel(f, do_not_specialize=do_not_specialize)
@@ -60,19 +162,35 @@ class TritonKernels:
     """The Triton side of one kernel-family module.
 
     Args:
-        namespace: the module's ``globals()``.
-        constants: name -> int of module constants the kernels read (made
-            ``tl.constexpr`` values, as compiled Triton requires of globals).
+        namespace: the module's `globals()`.
+        constants: name -> int or float of module constants the kernels read
+            (made `tl.constexpr` values, as compiled Triton requires of
+            globals).
+
+    Example:
+
+    ```python
+    _triton = TritonKernels(globals(), {"_MISSING_ID": -1})
+
+    def copy_triton(src):
+        ns = _triton.ready()
+        ns["_copy_kernel"][(blocks(src.numel(), 1024),)](src, out, src.numel(), BLOCK=1024)
+    ```
     """
 
-    def __init__(self, namespace, constants=None):
+    def __init__(self, namespace: dict, constants: dict | None = None):
         self.namespace = namespace
         self.constants = dict(constants or {})
         self._ready = False
         _MODULES[namespace["__name__"]] = self
 
-    def ready(self):
-        """Jits the module's kernels on first use; returns the namespace."""
+    def ready(self) -> dict:
+        """Jits the module's kernels on first use.
+
+        Returns:
+            The module's namespace, where every `@kernel` function is now a
+            `triton.jit` function.
+        """
         if self._ready:
             return self.namespace
         import triton
@@ -99,21 +217,67 @@ class TritonKernels:
 
 # Reductions of kernels go through triton's own combine functions, which the
 # interpreter recognises (and runs as numpy's): when triton was imported
-# before TRITON_INTERPRET was set (torch._dynamo imports it), ``tl.sum`` and
+# before TRITON_INTERPRET was set (torch._dynamo imports it), `tl.sum` and
 # friends stay compiled-mode functions that the interpreter cannot call.
+# (Their type hints are strings: Triton reads a kernel's annotations.)
 
 @kernel
-def reduce_sum(x, axis: constexpr):
+def reduce_sum(x: "tl.tensor", axis: constexpr) -> "tl.tensor":
+    """`tl.sum` inside a kernel, in compiled and interpreted mode alike.
+
+    Args:
+        x: the block to reduce.
+        axis: the axis reduced.
+
+    Returns:
+        The sums.
+
+    Example:
+
+    ```python
+    count = reduce_sum(present.to(tl.int64), 0)
+    ```
+    """
     return tl.reduce(x, axis, tl.standard._sum_combine)
 
 
 @kernel
-def reduce_max(x, axis: constexpr):
+def reduce_max(x: "tl.tensor", axis: constexpr) -> "tl.tensor":
+    """`tl.max` inside a kernel, in compiled and interpreted mode alike.
+
+    Args:
+        x: the block to reduce.
+        axis: the axis reduced.
+
+    Returns:
+        The maxima.
+
+    Example:
+
+    ```python
+    longest = reduce_max(lengths, 0)
+    ```
+    """
     return tl.reduce(x, axis, tl.standard._elementwise_max)
 
 
 @kernel
-def cumulative_sum(x, axis: constexpr):
+def cumulative_sum(x: "tl.tensor", axis: constexpr) -> "tl.tensor":
+    """`tl.cumsum` inside a kernel, in compiled and interpreted mode alike.
+
+    Args:
+        x: the block to scan.
+        axis: the axis scanned.
+
+    Returns:
+        The inclusive prefix sums.
+
+    Example:
+
+    ```python
+    rank = cumulative_sum(present.to(tl.int64), 0) - 1
+    ```
+    """
     return tl.associative_scan(x, axis, tl.standard._sum_combine)
 
 
@@ -121,9 +285,37 @@ _triton = TritonKernels(globals())
 
 
 def next_power_of_2(n: int) -> int:
+    """The smallest power of two `>= n` (1 for `n <= 1`).
+
+    Args:
+        n: a count.
+
+    Returns:
+        The power of two, for block sizes.
+
+    Example:
+
+    ```python
+    next_power_of_2(100)   # 128
+    ```
+    """
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def blocks(n: int, block: int) -> int:
-    """Number of programs covering ``n`` items, ``block`` per program (>= 1)."""
+    """The number of programs covering `n` items, `block` per program.
+
+    Args:
+        n: the items.
+        block: the items per program.
+
+    Returns:
+        `ceil(n / block)`, at least 1.
+
+    Example:
+
+    ```python
+    blocks(2049, 1024)   # 3
+    ```
+    """
     return max(1, -(-int(n) // block))

@@ -1,30 +1,30 @@
 """Sparse optimizer updates applied to the unique rows a batch touched.
 
 Each update reads the aggregated gradient of every touched row once and
-updates the row and its per-row state in place. Formulas (``g`` the row's
-aggregated gradient, ``w`` its weights, ``lr`` learning rate):
+updates the row and its per-row state in place. Formulas (`g` the row's
+aggregated gradient, `w` its weights, `lr` learning rate):
 
-* SGD: ``w -= lr * g``.
-* Adagrad (torch.optim.Adagrad, no decay), state ``s`` (``D`` values):
-  ``s += g * g``; ``w -= lr * g / (sqrt(s) + eps)``.
+* SGD: `w -= lr * g`.
+* Adagrad (torch.optim.Adagrad, no decay), state `s` (`D` values):
+  `s += g * g`; `w -= lr * g / (sqrt(s) + eps)`.
 * RowWiseAdagrad (one accumulator per row, as in fbgemm/TorchRec), state
-  ``s`` (1 value): ``s += mean(g * g)`` over the row;
-  ``w -= lr * g / (sqrt(s) + eps)``.
-* Adam / AdamW (torch.optim.Adam / AdamW), state ``[m (D), v (D), t (1)]``
-  with ``t`` the row's own step count (a row that a batch does not touch does
-  not step): ``t += 1``; Adam: ``g += weight_decay * w``; AdamW:
-  ``w *= 1 - lr * weight_decay``; then ``m = b1 m + (1 - b1) g``,
-  ``v = b2 v + (1 - b2) g^2``,
-  ``w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+  `s` (1 value): `s += mean(g * g)` over the row;
+  `w -= lr * g / (sqrt(s) + eps)`.
+* Adam / AdamW (torch.optim.Adam / AdamW), state `[m (D), v (D), t (1)]`
+  with `t` the row's own step count (a row that a batch does not touch does
+  not step): `t += 1`; Adam: `g += weight_decay * w`; AdamW:
+  `w *= 1 - lr * weight_decay`; then `m = b1 m + (1 - b1) g`,
+  `v = b2 v + (1 - b2) g^2`,
+  `w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`.
 
-State is float32 (``[num_rows, width]``); weights keep the table's dtype (float32
+State is float32 (`[num_rows, width]`); weights keep the table's dtype (float32
 or bfloat16) and are updated in float32.
 
 On CUDA tensors one Triton kernel does every update (a program updates
 GROUPS rows, whole rows at once, so the row-wise mean needs no second pass);
-``aggregate_and_update`` also fuses the backward aggregation into it: each
+`aggregate_and_update` also fuses the backward aggregation into it: each
 program sums its rows' gradients from the pooled gradient through the CSR of
-``aggregation.group_by`` (the tile of ``aggregation._segment_tile``) and
+`aggregation.group_by` (the tile of `aggregation._segment_tile`) and
 updates the rows, so the per-row gradients never go to memory.
 """
 
@@ -47,17 +47,44 @@ _NATIVE_KINDS = {SGD: "sgd", ADAGRAD: "adagrad", ROWWISE_ADAGRAD: "rowwise_adagr
 MAX_DIM = 4096        # widest row of the update kernel (one row per tile line)
 
 
-def state_width(kind, dim):
-    """Float32 state values per row of optimizer ``kind`` for rows of ``dim``."""
+def state_width(kind: int, dim: int) -> int:
+    """The float32 state values per row of optimizer `kind`.
+
+    Args:
+        kind: `SGD`, `ADAGRAD`, `ROWWISE_ADAGRAD`, `ADAM` or `ADAMW`.
+        dim: the table's row width `D`.
+
+    Returns:
+        0, `D`, 1, `2 D + 1` or `2 D + 1`.
+
+    Example:
+
+    ```python
+    state_width(ADAM, 16)   # 33: m, v and the row's step count
+    ```
+    """
     return {SGD: 0, ADAGRAD: dim, ROWWISE_ADAGRAD: 1, ADAM: 2 * dim + 1,
             ADAMW: 2 * dim + 1}[kind]
 
 
 # ---- torch reference -----------------------------------------------------------------
 
-def update_reference(kind, weights, state, rows, grads, lr, eps=0.0, beta1=0.0,
-                     beta2=0.0, weight_decay=0.0):
-    """Applies optimizer ``kind`` to ``weights[rows]`` (``rows`` distinct)."""
+def update_reference(kind: int, weights: torch.Tensor, state: torch.Tensor,
+                     rows: torch.Tensor, grads: torch.Tensor, lr: float, eps: float = 0.0,
+                     beta1: float = 0.0, beta2: float = 0.0,
+                     weight_decay: float = 0.0) -> None:
+    """The torch reference of `update` (the formulas of this module's docstring).
+
+    Args:
+        kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay:
+            as for `update`.
+
+    Example:
+
+    ```python
+    update_reference(SGD, weights, torch.zeros(len(weights), 0), rows, grads, lr=0.1)
+    ```
+    """
     if not rows.numel():
         return
     g = grads.float()
@@ -151,8 +178,8 @@ def _log2(beta):
 
 
 def _launch(kind, weights, state, rows, segments, hyper):
-    """Runs the update kernel; ``segments`` gives every row's gradient as
-    ``(source, source_row, scale, order, starts, ends, indirect, block_n)``."""
+    """Runs the update kernel; `segments` gives every row's gradient as
+    `(source, source_row, scale, order, starts, ends, indirect, block_n)`."""
     source, source_row, scale, order, starts, ends, indirect, block_n = segments
     dim = weights.shape[1]
     if not rows.numel() or not dim:
@@ -173,17 +200,50 @@ def _launch(kind, weights, state, rows, segments, hyper):
         BLOCK_N=block_n, GROUPS=groups, BLOCK_D=block_d)
 
 
-def update_triton(kind, weights, state, rows, grads, lr, eps=0.0, beta1=0.0,
-                  beta2=0.0, weight_decay=0.0):
+def update_triton(kind: int, weights: torch.Tensor, state: torch.Tensor,
+                  rows: torch.Tensor, grads: torch.Tensor, lr: float, eps: float = 0.0,
+                  beta1: float = 0.0, beta2: float = 0.0,
+                  weight_decay: float = 0.0) -> None:
+    """`update` on CUDA tensors: one launch of the update kernel.
+
+    Args:
+        kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay:
+            as for `update`.
+
+    Example:
+
+    ```python
+    update_triton(ROWWISE_ADAGRAD, weights, state, rows, grads, lr=0.05, eps=1e-8)
+    ```
+    """
     starts = torch.arange(rows.numel(), device=rows.device)
     _launch(kind, weights, state, rows,
             (grads, grads, grads, grads, starts, starts + 1, False, 1),
             (lr, eps, beta1, beta2, weight_decay))
 
 
-def aggregate_and_update_triton(kind, weights, state, rows, grad_out, unique_index,
-                                destination, id_weight, lr, eps=0.0, beta1=0.0,
-                                beta2=0.0, weight_decay=0.0):
+def aggregate_and_update_triton(kind: int, weights: torch.Tensor, state: torch.Tensor,
+                                rows: torch.Tensor, grad_out: torch.Tensor,
+                                unique_index: torch.Tensor, destination: torch.Tensor,
+                                id_weight: torch.Tensor, lr: float, eps: float = 0.0,
+                                beta1: float = 0.0, beta2: float = 0.0,
+                                weight_decay: float = 0.0) -> None:
+    """`aggregate_and_update` on CUDA tensors: the update kernel sums every
+    row's gradient from the pooled gradient itself (hot rows' pieces first,
+    by `aggregation.segment_sums`).
+
+    Args:
+        kind, weights, state, rows, grad_out, unique_index, destination,
+            id_weight, lr, eps, beta1, beta2, weight_decay: as for
+            `aggregate_and_update`.
+
+    Example:
+
+    ```python
+    aggregate_and_update_triton(SGD, weights, state, rows, grad_out, unique_index,
+                                destination, id_weight, lr=0.1)
+    ```
+    """
     order, offsets = group_by(unique_index, rows.numel())
     starts, ends = offsets[:-1], offsets[1:]
     block_n = ids_per_step(order.numel(), rows.numel())
@@ -201,9 +261,33 @@ def aggregate_and_update_triton(kind, weights, state, rows, grad_out, unique_ind
 
 # ---- public entry points ---------------------------------------------------------------
 
-def update(kind, weights, state, rows, grads, lr, eps=0.0, beta1=0.0, beta2=0.0,
-           weight_decay=0.0):
-    """Applies optimizer ``kind`` to the distinct ``rows`` given their gradients."""
+def update(kind: int, weights: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
+           grads: torch.Tensor, lr: float, eps: float = 0.0, beta1: float = 0.0,
+           beta2: float = 0.0, weight_decay: float = 0.0) -> None:
+    """Applies optimizer `kind` to the distinct `rows`, given their gradients.
+
+    What `reckeras.optimizers.SparseOptimizer.apply` runs. CUDA tensors run
+    the Triton kernel; CPU tensors the native kernel (SGD, Adagrad,
+    RowWiseAdagrad of float32 tables) or the torch reference.
+
+    Args:
+        kind: `SGD`, `ADAGRAD`, `ROWWISE_ADAGRAD`, `ADAM` or `ADAMW`.
+        weights: float32 or bfloat16 `[num_rows, D]`, updated in place.
+        state: float32 `[num_rows, state_width(kind, D)]`, updated in place.
+        rows: int64 `[U]`, distinct rows.
+        grads: float32 `[U, D]`, the gradient of every row.
+        lr, eps, beta1, beta2, weight_decay: the hyperparameters (those a
+            kind does not use are ignored).
+
+    Example:
+
+    ```python
+    weights, state = torch.ones(4, 2), torch.zeros(4, 1)
+    update(ROWWISE_ADAGRAD, weights, state, torch.tensor([3]),
+           torch.tensor([[1.0, -1.0]]), lr=0.1)
+    # state[3] = 1.0; weights[3] = [0.9, 1.1]
+    ```
+    """
     if kind in _NATIVE_KINDS and use_native(weights, state, rows, grads):
         from reckeras.backend_kernels import cpu_native
         cpu_native.apply_update(_NATIVE_KINDS[kind], weights, state, rows, grads, lr, eps)
@@ -212,15 +296,34 @@ def update(kind, weights, state, rows, grads, lr, eps=0.0, beta1=0.0, beta2=0.0,
     fn(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay)
 
 
-def aggregate_and_update(kind, weights, state, rows, grad_out, unique_index,
-                         destination, id_weight, lr, eps=0.0, beta1=0.0, beta2=0.0,
-                         weight_decay=0.0):
-    """``aggregation.aggregate_row_grads`` then ``update``, fused on CUDA.
+def aggregate_and_update(kind: int, weights: torch.Tensor, state: torch.Tensor,
+                         rows: torch.Tensor, grad_out: torch.Tensor,
+                         unique_index: torch.Tensor, destination: torch.Tensor,
+                         id_weight: torch.Tensor, lr: float, eps: float = 0.0,
+                         beta1: float = 0.0, beta2: float = 0.0,
+                         weight_decay: float = 0.0) -> None:
+    """`aggregation.aggregate_row_grads`, then `update`: fused on CUDA.
+
+    What `reckeras.optimizers.SparseOptimizer.apply_pooled` runs: one Triton
+    kernel on CUDA tensors, which never writes the rows' gradients to memory.
 
     Args:
-        rows: the batch's unique rows (``[U]``).
-        grad_out, unique_index, destination, id_weight: as for
-            ``aggregate_row_grads``.
+        kind, weights, state, lr, eps, beta1, beta2, weight_decay: as for
+            `update`.
+        rows: int64 `[U]`, the batch's unique rows.
+        grad_out: float32 `[num_slots, D]`, the gradient of the pooled output.
+        unique_index, destination, id_weight: the forward index, as for
+            `aggregate_row_grads`.
+
+    Example:
+
+    ```python
+    # Two ids of row 5 pooled into slot 0, with weights 1 and 0.5.
+    aggregate_and_update(SGD, weights, state, torch.tensor([5]), grad_out,
+                         torch.tensor([0, 0]), torch.tensor([0, 0]),
+                         torch.tensor([1.0, 0.5]), lr=0.1)
+    # weights[5] -= 0.1 * 1.5 * grad_out[0]
+    ```
     """
     if use_triton(weights):
         aggregate_and_update_triton(kind, weights, state, rows, grad_out, unique_index,
@@ -230,23 +333,3 @@ def aggregate_and_update(kind, weights, state, rows, grad_out, unique_index,
     grads = aggregate_row_grads(grad_out, unique_index, destination, id_weight,
                                 rows.numel())
     update(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay)
-
-
-def sgd_update(weights, rows, grads, lr):
-    update(SGD, weights, weights.new_zeros(0, 0), rows, grads, lr)
-
-
-def adagrad_update(weights, state, rows, grads, lr, eps):
-    update(ADAGRAD, weights, state, rows, grads, lr, eps)
-
-
-def rowwise_adagrad_update(weights, state, rows, grads, lr, eps):
-    update(ROWWISE_ADAGRAD, weights, state, rows, grads, lr, eps)
-
-
-def adam_update(weights, state, rows, grads, lr, beta1, beta2, eps, weight_decay):
-    update(ADAM, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay)
-
-
-def adamw_update(weights, state, rows, grads, lr, beta1, beta2, eps, weight_decay):
-    update(ADAMW, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay)

@@ -1,25 +1,25 @@
 """Fused feature transforms: one launch per kind over all features at once.
 
-Every function takes the values of ALL features of one kind stacked on dim 0
-(``[F, n]``: feature-major, as ``features.plan`` builds them) and the
-per-feature parameters as small tensors (one row per feature), so a batch
-needs one launch per kind, whatever the number of features:
+`features.plan.TransformPlan` runs every sparse transform of a batch through
+these four entry points. Each takes the values of ALL features of one kind
+and the per-feature parameters as small tensors planned once (one entry per
+feature), so a batch needs one launch per kind, whatever the number of
+features:
 
-* ``hash_into_buckets(ids, buckets)``: ``mix64(id) mod buckets[f]`` where
-  ``buckets[f] > 0``, the id unchanged where it is 0.
-* ``bucketize(values, boundaries)``: the number of ``boundaries[f]`` that are
-  ``<= value`` (``torch.searchsorted(..., right=True)``); rows of
-  ``boundaries`` are padded with +inf; NaN -> ``MISSING_ID``.
-* ``cross(columns, members)``: ``hash_combine`` of 2 or 3 columns per cross
-  feature; ``members[c]`` holds the column indices, -1 past the arity.
-* Sequences, as packed bags (``values`` + ``[R + 1]`` offsets, bag ``r``
-  of feature ``r // batch``): ``pack_padded`` (``[R, L]`` padded rows -> bags,
-  dropping the pad value wherever it is), ``cutoff`` (keep the last
-  ``max_len[f]`` ids of every bag: the most recent behaviour) and ``pad``
-  (bags -> ``[R, width]`` left-aligned rows).
+* `bucketize(values, boundaries)`: `[F, n]` floats -> the number of
+  `boundaries[f]` that are `<= value`; NaN -> `MISSING_ID`; +inf falls in the
+  last bucket of its feature.
+* `cross(columns, members)`: `hashing.hash_combine` of 2 or 3 of the `[S, n]`
+  id columns per cross feature.
+* `hash_into_buckets(ids, buckets)`: `mix64(id) mod buckets[f]` where
+  `buckets[f] > 0`, the id unchanged where it is 0.
+* `pack_sequences(flat, width_offsets, buckets, batch)`: the padded
+  `[B, max_len]` sequences of all sequence features -> one packed bag per
+  (feature, example), the padding dropped and the ids hashed as
+  `hash_into_buckets` does.
 
-Triton kernels on CUDA tensors, the torch references elsewhere; both give
-identical integers.
+CUDA tensors run the Triton kernels, CPU tensors the torch references
+(`dispatch.use_triton`); both give identical integers.
 """
 
 import torch
@@ -31,29 +31,79 @@ from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
 from reckeras.backend_kernels.hashing import (COMBINE, _mix64_bits,
                                               hash_combine_reference, mix64_reference)
 
-MISSING_ID = -1
+MISSING_ID = -1            # a missing single-valued id; the padding of sequences
+FLOAT32_MAX = torch.finfo(torch.float32).max
 BLOCK = 1024
 BLOCK_ROWS = 128           # bucketize: values per program
 BLOCK_BOUNDARIES = 16      # bucketize: boundaries per step
 BLOCK_L = 128              # sequences: positions per step
 
 
-# ---- torch references ---------------------------------------------------------------
+# ---- torch references -----------------------------------------------------------
 
-def hash_into_buckets_reference(ids, buckets):
-    buckets = buckets.view(-1, *([1] * (ids.dim() - 1)))
-    hashed = mix64_reference(ids).remainder_(buckets.clamp(min=1))
-    if bool((buckets > 0).all()):           # a small tensor: every feature hashes
-        return hashed
-    return torch.where(buckets > 0, hashed, ids)
+def hash_into_buckets_reference(ids: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
+    """The torch reference of `hash_into_buckets`: what CPU tensors run.
+
+    Args:
+        ids, buckets: as for `hash_into_buckets`.
+
+    Returns:
+        What `hash_into_buckets` returns, bit for bit the same on either route.
+
+    Example:
+
+    ```python
+    hash_into_buckets_reference(ids, buckets)
+    # == hash_into_buckets(ids, buckets)
+    ```
+    """
+    hashed = buckets.nonzero().squeeze(1)        # [F]: a few features, not the ids
+    shape = (-1,) + (1,) * (ids.dim() - 1)
+    if hashed.numel() == ids.shape[0]:
+        return mix64_reference(ids).remainder_(buckets.view(shape))
+    modulus = buckets.index_select(0, hashed).view(shape)
+    chosen = mix64_reference(ids.index_select(0, hashed)).remainder_(modulus)
+    return ids.index_copy(0, hashed, chosen)
 
 
-def bucketize_reference(values, boundaries):
-    buckets = torch.searchsorted(boundaries, values.contiguous(), right=True)
+def bucketize_reference(values: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
+    """The torch reference of `bucketize`: what CPU tensors run.
+
+    Args:
+        values, boundaries: as for `bucketize`.
+
+    Returns:
+        What `bucketize` returns, bit for bit the same on either route.
+
+    Example:
+
+    ```python
+    bucketize_reference(values, boundaries)
+    # == bucketize(values, boundaries)
+    ```
+    """
+    # +inf is clamped below the +inf padding of shorter boundary rows.
+    buckets = torch.searchsorted(boundaries, values.clamp(max=FLOAT32_MAX).contiguous(),
+                                 right=True)
     return torch.where(torch.isnan(values), MISSING_ID, buckets)
 
 
-def cross_reference(columns, members):
+def cross_reference(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """The torch reference of `cross`: what CPU tensors run.
+
+    Args:
+        columns, members: as for `cross`.
+
+    Returns:
+        What `cross` returns, bit for bit the same on either route.
+
+    Example:
+
+    ```python
+    cross_reference(columns, members)
+    # == cross(columns, members)
+    ```
+    """
     out = torch.empty(members.shape[0], *columns.shape[1:], dtype=torch.int64,
                       device=columns.device)
     arity = (members >= 0).sum(dim=1)
@@ -65,42 +115,46 @@ def cross_reference(columns, members):
     return out
 
 
-def pack_padded_reference(padded, pad_value=MISSING_ID):
-    present = padded != pad_value
-    values = padded[present]
-    return values, ragged.lengths_to_offsets(present.sum(dim=1))
+def pack_sequences_reference(flat: torch.Tensor, width_offsets: torch.Tensor,
+                             buckets: torch.Tensor,
+                             batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch reference of `pack_sequences`: what CPU tensors run.
+
+    Args:
+        flat, width_offsets, buckets, batch: as for `pack_sequences`.
+
+    Returns:
+        What `pack_sequences` returns, bit for bit the same on either route.
+
+    Example:
+
+    ```python
+    pack_sequences_reference(flat, width_offsets, buckets, batch)
+    # == pack_sequences(flat, width_offsets, buckets, batch)
+    ```
+    """
+    widths = width_offsets[1:] - width_offsets[:-1]
+    present = flat != MISSING_ID
+    ids = flat
+    if bool((buckets > 0).any()):               # [F]: a few features, not the ids
+        modulus = buckets.repeat_interleave(widths * batch, output_size=flat.numel())
+        ids = torch.where(modulus > 0,
+                          mix64_reference(flat).remainder_(modulus.clamp(min=1)), flat)
+    row_starts = ragged.lengths_to_offsets(widths.repeat_interleave(batch))
+    seen = ragged.lengths_to_offsets(present)      # present ids before each position
+    lengths = seen.index_select(0, row_starts[1:]) - seen.index_select(0, row_starts[:-1])
+    return ids[present], ragged.lengths_to_offsets(lengths)
 
 
-def _bag_lengths(offsets):
-    return offsets[1:] - offsets[:-1]
+# ---- Triton kernels -----------------------------------------------------------------
 
+@kernel
+def _into_buckets(ids, buckets):
+    modulus = tl.maximum(buckets, 1)
+    hashed = _mix64_bits(ids) % modulus
+    hashed = tl.where(hashed < 0, hashed + modulus, hashed)   # floor, not C, mod
+    return tl.where(buckets > 0, hashed, ids)
 
-def cutoff_reference(values, offsets, max_len, batch):
-    lengths = _bag_lengths(offsets)
-    limit = max_len.repeat_interleave(batch) if batch else max_len[:0]
-    kept = torch.minimum(lengths, limit)
-    new_offsets = ragged.lengths_to_offsets(kept)
-    bag, position = _positions(offsets, values.numel())
-    keep = (position >= lengths.index_select(0, bag) - kept.index_select(0, bag))
-    return values[keep], new_offsets
-
-
-def pad_reference(values, offsets, width, pad_value=MISSING_ID):
-    num_bags = offsets.numel() - 1
-    out = torch.full((num_bags, width), pad_value, dtype=values.dtype,
-                     device=values.device)
-    bag, position = _positions(offsets, values.numel())
-    inside = (position < width).nonzero().squeeze(1)
-    out.view(-1)[bag[inside] * width + position[inside]] = values[inside]
-    return out
-
-
-def _positions(offsets, num_ids):
-    bag = ragged.bag_of_ids(offsets, num_ids)
-    return bag, torch.arange(num_ids, device=offsets.device) - offsets[bag]
-
-
-# ---- Triton kernels ------------------------------------------------------------------
 
 @kernel(do_not_specialize=("per_feature", "total"))
 def _hash_into_buckets_kernel(ids_ptr, buckets_ptr, out_ptr, per_feature, total,
@@ -109,10 +163,7 @@ def _hash_into_buckets_kernel(ids_ptr, buckets_ptr, out_ptr, per_feature, total,
     live = offs < total
     ids = tl.load(ids_ptr + offs, mask=live, other=0)
     buckets = tl.load(buckets_ptr + offs // per_feature, mask=live, other=0)
-    modulus = tl.maximum(buckets, 1)
-    hashed = _mix64_bits(ids) % modulus
-    hashed = tl.where(hashed < 0, hashed + modulus, hashed)   # floor, not C, mod
-    tl.store(out_ptr + offs, tl.where(buckets > 0, hashed, ids), mask=live)
+    tl.store(out_ptr + offs, _into_buckets(ids, buckets), mask=live)
 
 
 @kernel(do_not_specialize=("per_feature", "total", "width"))
@@ -121,13 +172,14 @@ def _bucketize_kernel(values_ptr, boundaries_ptr, out_ptr, per_feature, total, w
     offs = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     live = offs < total
     value = tl.load(values_ptr + offs, mask=live, other=0.0)
+    finite = tl.where(value > _FLOAT32_MAX, _FLOAT32_MAX, value)   # NaN stays NaN
     row = (offs // per_feature) * width
     count = tl.full([BLOCK_ROWS], 0, tl.int64)
     for first in range(0, width, BLOCK_BOUNDARIES):
         k = first + tl.arange(0, BLOCK_BOUNDARIES)
         valid = live[:, None] & (k < width)[None, :]
         bound = tl.load(boundaries_ptr + row[:, None] + k[None, :], mask=valid, other=0.0)
-        count += reduce_sum((valid & (bound <= value[:, None])).to(tl.int64), 1)
+        count += reduce_sum((valid & (bound <= finite[:, None])).to(tl.int64), 1)
     count = tl.where(value != value, _MISSING_ID, count)          # NaN
     tl.store(out_ptr + offs, count, mask=live)
 
@@ -150,51 +202,67 @@ def _cross_kernel(columns_ptr, members_ptr, out_ptr, n, total, BLOCK: constexpr)
     tl.store(out_ptr + offs, h, mask=live)
 
 
-@kernel(do_not_specialize=("width", "pad_value"))
-def _pack_padded_kernel(padded_ptr, offsets_ptr, out_ptr, width, pad_value,
-                        BLOCK_L: constexpr):
+@kernel
+def _sequence_row(width_offsets_ptr, row, batch):
+    """Feature, first position in `flat` and width of padded row `row`."""
+    feature = row // batch
+    first_column = tl.load(width_offsets_ptr + feature)
+    width = tl.load(width_offsets_ptr + feature + 1) - first_column
+    return feature, batch * first_column + (row - feature * batch) * width, width
+
+
+@kernel(do_not_specialize=("batch",))
+def _count_present_kernel(flat_ptr, width_offsets_ptr, lengths_ptr, batch,
+                          BLOCK_L: constexpr):
     row = tl.program_id(0).to(tl.int64)
+    _, start, width = _sequence_row(width_offsets_ptr, row, batch)
+    count = tl.full([BLOCK_L], 0, tl.int64)
+    for first in range(0, width, BLOCK_L):
+        position = first + tl.arange(0, BLOCK_L)
+        value = tl.load(flat_ptr + start + position, mask=position < width,
+                        other=_MISSING_ID)
+        count += (value != _MISSING_ID).to(tl.int64)
+    tl.store(lengths_ptr + row, reduce_sum(count, 0))
+
+
+@kernel(do_not_specialize=("batch",))
+def _pack_sequences_kernel(flat_ptr, width_offsets_ptr, buckets_ptr, offsets_ptr,
+                           out_ptr, batch, BLOCK_L: constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    feature, start, width = _sequence_row(width_offsets_ptr, row, batch)
+    buckets = tl.load(buckets_ptr + feature)
     destination = tl.load(offsets_ptr + row)
     for first in range(0, width, BLOCK_L):
         position = first + tl.arange(0, BLOCK_L)
-        value = tl.load(padded_ptr + row * width + position, mask=position < width,
-                        other=pad_value)
-        present = value != pad_value
+        value = tl.load(flat_ptr + start + position, mask=position < width,
+                        other=_MISSING_ID)
+        present = value != _MISSING_ID
         rank = cumulative_sum(present.to(tl.int64), 0) - 1
-        tl.store(out_ptr + destination + rank, value, mask=present)
+        tl.store(out_ptr + destination + rank, _into_buckets(value, buckets),
+                 mask=present)
         destination += reduce_sum(present.to(tl.int64), 0)
 
 
-@kernel
-def _copy_bags_kernel(values_ptr, offsets_ptr, skip_ptr, new_offsets_ptr, out_ptr,
-                      BLOCK_L: constexpr):
-    bag = tl.program_id(0).to(tl.int64)
-    source = tl.load(offsets_ptr + bag) + tl.load(skip_ptr + bag)
-    start = tl.load(new_offsets_ptr + bag)
-    length = tl.load(new_offsets_ptr + bag + 1) - start
-    for first in range(0, length, BLOCK_L):
-        position = first + tl.arange(0, BLOCK_L)
-        inside = position < length
-        value = tl.load(values_ptr + source + position, mask=inside)
-        tl.store(out_ptr + start + position, value, mask=inside)
+_triton = TritonKernels(globals(), {"_MISSING_ID": MISSING_ID, "_COMBINE": COMBINE,
+                                   "_FLOAT32_MAX": FLOAT32_MAX})
 
 
-@kernel(do_not_specialize=("width", "pad_value"))
-def _pad_kernel(values_ptr, offsets_ptr, out_ptr, width, pad_value, BLOCK_L: constexpr):
-    bag = tl.program_id(0).to(tl.int64)
-    start = tl.load(offsets_ptr + bag)
-    length = tl.load(offsets_ptr + bag + 1) - start
-    for first in range(0, width, BLOCK_L):
-        position = first + tl.arange(0, BLOCK_L)
-        value = tl.load(values_ptr + start + position, mask=position < length,
-                        other=pad_value)
-        tl.store(out_ptr + bag * width + position, value, mask=position < width)
+def hash_into_buckets_triton(ids: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
+    """The Triton kernel of `hash_into_buckets`: what CUDA tensors run.
 
+    Args:
+        ids, buckets: as for `hash_into_buckets`.
 
-_triton = TritonKernels(globals(), {"_MISSING_ID": MISSING_ID, "_COMBINE": COMBINE})
+    Returns:
+        What `hash_into_buckets` returns, bit for bit the same on either route.
 
+    Example:
 
-def hash_into_buckets_triton(ids, buckets):
+    ```python
+    hash_into_buckets_triton(ids, buckets)
+    # == hash_into_buckets(ids, buckets)
+    ```
+    """
     ns = _triton.ready()
     flat = ids.contiguous().view(-1)
     out = torch.empty_like(flat)
@@ -205,7 +273,22 @@ def hash_into_buckets_triton(ids, buckets):
     return out.view(ids.shape)
 
 
-def bucketize_triton(values, boundaries):
+def bucketize_triton(values: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
+    """The Triton kernel of `bucketize`: what CUDA tensors run.
+
+    Args:
+        values, boundaries: as for `bucketize`.
+
+    Returns:
+        What `bucketize` returns, bit for bit the same on either route.
+
+    Example:
+
+    ```python
+    bucketize_triton(values, boundaries)
+    # == bucketize(values, boundaries)
+    ```
+    """
     ns = _triton.ready()
     flat = values.contiguous().view(-1)
     out = torch.empty(flat.shape, dtype=torch.int64, device=values.device)
@@ -217,94 +300,175 @@ def bucketize_triton(values, boundaries):
     return out.view(values.shape)
 
 
-def cross_triton(columns, members):
+def cross_triton(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """The Triton kernel of `cross`: what CUDA tensors run.
+
+    Args:
+        columns, members: as for `cross`.
+
+    Returns:
+        What `cross` returns, bit for bit the same on either route.
+
+    Example:
+
+    ```python
+    cross_triton(columns, members)
+    # == cross(columns, members)
+    ```
+    """
     ns = _triton.ready()
     flat = columns.contiguous().view(columns.shape[0], -1)
     n = flat.shape[1]
-    padded = torch.full((members.shape[0], 3), -1, dtype=torch.int64,
-                        device=members.device)
-    padded[:, :members.shape[1]] = members
     out = torch.empty(members.shape[0], n, dtype=torch.int64, device=columns.device)
     if out.numel():
         ns["_cross_kernel"][(blocks(out.numel(), BLOCK),)](
-            flat, padded, out, n, out.numel(), BLOCK=BLOCK)
+            flat, members.contiguous(), out, n, out.numel(), BLOCK=BLOCK)
     return out.view(members.shape[0], *columns.shape[1:])
 
 
-def pack_padded_triton(padded, pad_value=MISSING_ID):
+def pack_sequences_triton(flat: torch.Tensor, width_offsets: torch.Tensor,
+                          buckets: torch.Tensor,
+                          batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pack_sequences` on CUDA tensors: a count kernel, then the pack kernel.
+
+    Args:
+        flat, width_offsets, buckets, batch: as for `pack_sequences`.
+
+    Returns:
+        What `pack_sequences` returns, bit for bit the same on either route.
+
+    Example:
+
+    ```python
+    pack_sequences_triton(flat, width_offsets, buckets, batch)
+    # == pack_sequences(flat, width_offsets, buckets, batch)
+    ```
+    """
     ns = _triton.ready()
-    padded = padded.contiguous()
-    offsets = ragged.lengths_to_offsets((padded != pad_value).sum(dim=1))
-    values = torch.empty(int(offsets[-1]), dtype=padded.dtype, device=padded.device)
-    if padded.shape[0] and padded.shape[1]:
-        ns["_pack_padded_kernel"][(padded.shape[0],)](
-            padded, offsets, values, padded.shape[1], pad_value, BLOCK_L=BLOCK_L)
+    flat, width_offsets = flat.contiguous(), width_offsets.contiguous()
+    rows = (width_offsets.numel() - 1) * batch
+    lengths = torch.zeros(rows, dtype=torch.int64, device=flat.device)
+    if rows:
+        ns["_count_present_kernel"][(rows,)](flat, width_offsets, lengths, batch,
+                                             BLOCK_L=BLOCK_L)
+    offsets = ragged.lengths_to_offsets(lengths)
+    values = torch.empty(int(offsets[-1]), dtype=torch.int64, device=flat.device)
+    if values.numel():
+        ns["_pack_sequences_kernel"][(rows,)](flat, width_offsets, buckets.contiguous(),
+                                              offsets, values, batch, BLOCK_L=BLOCK_L)
     return values, offsets
 
 
-def cutoff_triton(values, offsets, max_len, batch):
-    ns = _triton.ready()
-    lengths = _bag_lengths(offsets)
-    limit = max_len.repeat_interleave(batch) if batch else max_len[:0]
-    kept = torch.minimum(lengths, limit)
-    new_offsets = ragged.lengths_to_offsets(kept)
-    out = torch.empty(int(new_offsets[-1]), dtype=values.dtype, device=values.device)
-    if lengths.numel():
-        ns["_copy_bags_kernel"][(lengths.numel(),)](
-            values.contiguous(), offsets.contiguous(), (lengths - kept).contiguous(),
-            new_offsets, out, BLOCK_L=BLOCK_L)
-    return out, new_offsets
+# ---- public entry points -------------------------------------------------------------
 
+def hash_into_buckets(ids: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
+    """Hashes the ids of every feature into its own number of buckets.
 
-def pad_triton(values, offsets, width, pad_value=MISSING_ID):
-    ns = _triton.ready()
-    num_bags = offsets.numel() - 1
-    out = torch.empty(num_bags, width, dtype=values.dtype, device=values.device)
-    if num_bags and width:
-        ns["_pad_kernel"][(num_bags,)](values.contiguous(), offsets.contiguous(), out,
-                                       width, pad_value, BLOCK_L=BLOCK_L)
-    return out
+    Args:
+        ids: int64 `[F, ...]`, the ids of feature `f` in row `f`.
+        buckets: int64 `[F]`, the bucket count of every feature; 0 keeps
+            its ids unchanged.
 
+    Returns:
+        int64 like `ids`: `mix64(id) mod buckets[f]` (a floor mod, in
+        `[0, buckets[f])`, for any int64 id) where `buckets[f] > 0`.
 
-# ---- public entry points -----------------------------------------------------------
+    Example:
 
-def hash_into_buckets(ids, buckets):
-    """``[F, ...]`` int64 ids, ``[F]`` bucket counts (0: keep the id)."""
+    ```python
+    ids = torch.tensor([[5, -1], [5, -1]])
+    hash_into_buckets(ids, torch.tensor([0, 10]))   # [[5, -1], [h5, h-1]], h in [0, 10)
+    ```
+    """
     if use_triton(ids):
         return hash_into_buckets_triton(ids, buckets)
     return hash_into_buckets_reference(ids, buckets)
 
 
-def bucketize(values, boundaries):
-    """``[F, ...]`` float values, ``[F, W]`` sorted boundaries padded with +inf."""
+def bucketize(values: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
+    """Bucketizes the values of every feature by its own sorted boundaries.
+
+    Args:
+        values: float32 `[F, ...]`, the values of feature `f` in row `f`.
+        boundaries: float32 `[F, W]`, the strictly increasing finite
+            boundaries of every feature, padded with +inf to the longest.
+
+    Returns:
+        int64 like `values`: the number of boundaries of the feature that
+        are `<= value` (`torch.searchsorted(..., right=True)`), so
+        `len(boundaries[f]) + 1` buckets; +inf is in the last one, -inf in
+        bucket 0 and NaN gives `MISSING_ID`.
+
+    Example:
+
+    ```python
+    boundaries = torch.tensor([[0.0, 1.0], [5.0, float("inf")]])
+    bucketize(torch.tensor([[-3.0, 1.0], [float("nan"), float("inf")]]), boundaries)
+    # [[0, 2], [-1, 1]]
+    ```
+    """
     if use_triton(values):
         return bucketize_triton(values, boundaries)
     return bucketize_reference(values, boundaries)
 
 
-def cross(columns, members):
-    """``[S, ...]`` int64 columns, ``[C, 2 or 3]`` member indices (-1: none)."""
+def cross(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """The crossed ids of several cross features at once.
+
+    Args:
+        columns: int64 `[S, ...]`, the id columns the crosses read.
+        members: int64 `[C, 3]`, the rows of `columns` crossed by every
+            cross feature, -1 after the second for a cross of 2.
+
+    Returns:
+        int64 `[C, ...]`: `hashing.hash_combine` of the members of every
+        cross feature, in their order.
+
+    Example:
+
+    ```python
+    columns = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    cross(columns, torch.tensor([[0, 2, -1], [2, 1, 0]]))
+    # [hash_combine(columns[[0, 2]]), hash_combine(columns[[2, 1, 0]])]
+    ```
+    """
     if use_triton(columns):
         return cross_triton(columns, members)
     return cross_reference(columns, members)
 
 
-def pack_padded(padded, pad_value=MISSING_ID):
-    """``[R, L]`` rows -> ``(values, offsets)``, dropping ``pad_value`` entries."""
-    if use_triton(padded):
-        return pack_padded_triton(padded, pad_value)
-    return pack_padded_reference(padded, pad_value)
+def pack_sequences(flat: torch.Tensor, width_offsets: torch.Tensor, buckets: torch.Tensor,
+                   batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packs the padded sequences of several features into bags.
 
+    Feature `f` holds `batch` rows of `w_f` ids, padded with `MISSING_ID`
+    wherever the row has no id; the features' `[batch, w_f]` blocks are
+    flattened and concatenated, feature after feature, into `flat`.
 
-def cutoff(values, offsets, max_len, batch):
-    """Keeps the last ``max_len[r // batch]`` ids of every bag ``r``."""
-    if use_triton(values):
-        return cutoff_triton(values, offsets, max_len, batch)
-    return cutoff_reference(values, offsets, max_len, batch)
+    Args:
+        flat: int64 `[batch * sum(w_f)]`, the padded rows of all features.
+        width_offsets: int64 `[F + 1]`, `w_f = width_offsets[f + 1] -
+            width_offsets[f]` (so the block of feature `f` starts at
+            `batch * width_offsets[f]`).
+        buckets: int64 `[F]`, as for `hash_into_buckets`.
+        batch: rows per feature.
 
+    Returns:
+        `(values, offsets)`: int64 `[N]`, the ids of every row that are not
+        `MISSING_ID`, in order, hashed as `hash_into_buckets` does, and int64
+        `[F * batch + 1]` offsets: bag `f * batch + b` (row `b` of feature
+        `f`) holds `values[offsets[f * batch + b]:offsets[f * batch + b + 1]]`.
 
-def pad(values, offsets, width, pad_value=MISSING_ID):
-    """Bags -> ``[R, width]`` rows, left-aligned, ids past ``width`` dropped."""
-    if use_triton(values):
-        return pad_triton(values, offsets, width, pad_value)
-    return pad_reference(values, offsets, width, pad_value)
+    Example:
+
+    ```python
+    # Feature 0: rows of width 2; feature 1: rows of width 3; batch 2.
+    flat = torch.tensor([4, 5, -1, -1,   7, -1, -1, 8, 9, 6])
+    values, offsets = pack_sequences(flat, torch.tensor([0, 2, 5]),
+                                     torch.tensor([0, 0]), batch=2)
+    # values [4, 5, 7, 8, 9, 6], offsets [0, 2, 2, 3, 6]
+    ```
+    """
+    if use_triton(flat):
+        return pack_sequences_triton(flat, width_offsets, buckets, batch)
+    return pack_sequences_reference(flat, width_offsets, buckets, batch)

@@ -1,24 +1,31 @@
 """The transform plan: feature specs compiled once into per-kind tensors.
 
 At build time the specs are sorted into kinds and every per-feature parameter
-is put into a small tensor (defaults, transform masks, hash bucket counts,
-padded bucket boundaries, cross member indices). Per batch, each kind is then
-one vectorized torch op over all of its features: there is no loop over
-features or ids on the hot path.
+is put into a small tensor (defaults, transform masks, padded bucket
+boundaries, cross members, hash bucket counts, sequence widths); each is
+copied once to every device a batch arrives on. Per batch, each kind is then
+one entry point of `backend_kernels.transforms` over all of its features:
+one Triton launch on CUDA tensors (two for sequences: count, then pack), one
+vectorized torch op on CPU tensors. There is no loop over features or ids on
+the hot path beyond gathering the inputs into one tensor per kind.
 
-Packed sparse layout (see ``reckeras.ragged``): sparse features are numbered
+Packed sparse layout (see `reckeras.ragged`): sparse features are numbered
 in *slot order* -- single-valued slots (Categorical, bucketized Categorical,
-Cross) first, in declaration order, then Sequence slots. Bag ``s * B + b``
-holds the ids of slot ``s`` for example ``b``.
+Cross) first, in declaration order, then Sequence slots. Bag `s * B + b`
+holds the ids of slot `s` for example `b`.
 """
+
+from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
 from reckeras import ragged
-from reckeras.backend_kernels.hashing import hash_combine, mix64
-from reckeras.features.specs import Categorical, Cross, Numeric, Sequence
+from reckeras.backend_kernels import transforms
+from reckeras.features.specs import Categorical, Cross, FeatureSpec, Numeric, Sequence
 
-MISSING_ID = -1   # single-valued ids: the row of missing values; sequences: padding
+MISSING_ID = transforms.MISSING_ID   # a missing single-valued id; sequence padding
 
 
 class TablePlanError(ValueError):
@@ -26,13 +33,40 @@ class TablePlanError(ValueError):
 
 
 class TransformPlan:
-    """Specs sorted by kind, with per-feature parameters as tensors.
+    """Feature specs sorted by kind, with per-feature parameters as tensors.
+
+    Single-valued slots: a Categorical's id is kept as is (`-1`, a missing
+    value, is its own id); a bucketized Categorical's value gets the number
+    of its boundaries `<= value` (NaN: `-1`; +inf: the last bucket); a Cross
+    combines its members' ids (after bucketizing, before their own
+    `hash_buckets`) with `hashing.hash_combine`; then every slot with
+    `hash_buckets` is hashed into `[0, hash_buckets)` (any int64 id, `-1`
+    included). Sequences arrive as int64 `[B, max_len]` rows padded with
+    `-1`; their bag holds the ids that are not `-1`, hashed likewise.
 
     Args:
-        specs: list of FeatureSpec.
+        specs: the feature specs, in declaration order.
+
+    Attributes:
+        numeric: the Numeric specs, in declaration order (the columns of
+            `dense`).
+        numeric_default: float32 `[n_numeric]`, their defaults.
+        slots: the sparse specs in slot order.
+        sparse_in_declaration_order: the sparse specs in declaration order.
+
+    Example:
+
+    ```python
+    plan = TransformPlan([rk.features.Numeric("price", transform="log1p"),
+                          rk.features.Categorical("item", dim=8, hash_buckets=1000)])
+    dense = plan.dense({"price": torch.tensor([3.0])}, torch.zeros(1), torch.ones(1))
+    # [[log1p(3.0)]]
+    sparse = plan.packed_sparse({"item": torch.tensor([42])})
+    # {"ids": [mix64(42) mod 1000], "offsets": [0, 1]}
+    ```
     """
 
-    def __init__(self, specs):
+    def __init__(self, specs: Iterable[FeatureSpec]):
         specs = list(specs)
         if not specs:
             raise ValueError("FeatureColumns needs at least one feature spec")
@@ -79,69 +113,112 @@ class TransformPlan:
     def _build_tensors(self, categorical_names):
         self.numeric_default = torch.tensor([s.default for s in self.numeric],
                                             dtype=torch.float32)
-        self.numeric_log1p = torch.tensor([s.transform == "log1p" for s in self.numeric])
-        self.numeric_standardize = torch.tensor(
-            [s.transform == "standardize" for s in self.numeric])
         widest = max((len(s.boundaries) for s in self.bucketized), default=0)
-        self.boundaries = torch.full((len(self.bucketized), widest), float("inf"))
+        boundaries = torch.full((len(self.bucketized), widest), float("inf"))
         for row, spec in enumerate(self.bucketized):   # build time only
-            self.boundaries[row, :len(spec.boundaries)] = torch.tensor(spec.boundaries)
-        self.bucket_count = torch.tensor([len(s.boundaries) + 1 for s in self.bucketized],
-                                         dtype=torch.int64)
-        self.cross_members = [
-            torch.tensor([[categorical_names.index(m) for m in c.names]
-                          for c in self.crosses if len(c.names) == arity],
-                         dtype=torch.int64).reshape(-1, arity)
-            for arity in (2, 3)]
-        self.cross_order = torch.tensor(
-            [i for arity in (2, 3) for i, c in enumerate(self.crosses)
-             if len(c.names) == arity], dtype=torch.int64)
+            boundaries[row, :len(spec.boundaries)] = torch.tensor(spec.boundaries)
         single_buckets = [s.hash_buckets or 0 for s in self.single_slots]
-        self.single_hash_buckets = torch.tensor(single_buckets, dtype=torch.int64)
-        self.single_hashed = torch.tensor(
-            [i for i, b in enumerate(single_buckets) if b], dtype=torch.int64)
         sequence_buckets = [s.hash_buckets or 0 for s in self.sequences]
-        self.sequence_hash_buckets = torch.tensor(sequence_buckets, dtype=torch.int64)
-        self.sequence_hashed = torch.tensor(
-            [i for i, b in enumerate(sequence_buckets) if b], dtype=torch.int64)
-        self.max_sequence_len = max((s.max_len for s in self.sequences), default=0)
+        self._hashes_single = any(single_buckets)
+        # Every tensor a batch reads, on the CPU; `_on` copies them to a
+        # batch's device once.
+        self._planned = {
+            "numeric_default": self.numeric_default,
+            "numeric_log1p": torch.tensor([s.transform == "log1p" for s in self.numeric],
+                                          dtype=torch.bool),
+            "numeric_standardize": torch.tensor(
+                [s.transform == "standardize" for s in self.numeric], dtype=torch.bool),
+            "boundaries": boundaries,
+            # The rows of the categorical block each cross combines, -1 past its arity.
+            "cross_members": torch.tensor(
+                [[categorical_names.index(m) for m in c.names] + [-1] * (3 - len(c.names))
+                 for c in self.crosses], dtype=torch.int64).reshape(-1, 3),
+            "single_buckets": torch.tensor(single_buckets, dtype=torch.int64),
+            "sequence_width_offsets": ragged.lengths_to_offsets(
+                torch.tensor([s.max_len for s in self.sequences], dtype=torch.int64)),
+            "sequence_buckets": torch.tensor(sequence_buckets, dtype=torch.int64),
+        }
+        self._devices = {torch.device("cpu"): self._planned}
+
+    def _on(self, device):
+        """The planned tensors on `device` (copied there on its first batch)."""
+        found = self._devices.get(device)
+        if found is None:
+            found = {name: t.to(device) for name, t in self._planned.items()}
+            self._devices[device] = found
+        return found
 
     @property
-    def num_slots(self):
+    def num_slots(self) -> int:
+        """The number of sparse slots `S` (`len(slots)`)."""
         return len(self.slots)
 
     # ---- per batch ---------------------------------------------------------
 
-    def dense(self, inputs, mean, std):
-        """``[B, n_numeric]`` float32 block of the numeric features."""
-        x = torch.stack([inputs[s.name] for s in self.numeric], dim=1).float()
-        x = torch.where(torch.isnan(x), self.numeric_default.to(x.device), x)
-        logged = torch.sign(x) * torch.log1p(x.abs())
-        x = torch.where(self.numeric_log1p.to(x.device), logged, x)
-        scaled = (x - mean) / std
-        return torch.where(self.numeric_standardize.to(x.device), scaled, x)
+    def dense(self, inputs: dict, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """The numeric features after their transforms.
 
-    def packed_sparse(self, inputs):
-        """The packed sparse batch ``{"ids": [N], "offsets": [S * B + 1]}``."""
-        single = self._single_valued(inputs)                  # [S1, B]
-        batch = single.shape[1] if single is not None else None
-        parts, lengths = [], []
-        if single is not None:
-            parts.append(single.reshape(-1))
+        NaN (a missing value) becomes the feature's `default`, then `log1p`
+        features get `sign(x) * log1p(|x|)` and `standardize` features
+        `(x - mean) / std`.
+
+        Args:
+            inputs: `{name: float tensor [B]}`, at least the numeric features.
+            mean: float32 `[n_numeric]`, read for the `standardize` features.
+            std: float32 `[n_numeric]`, likewise.
+
+        Returns:
+            float32 `[B, n_numeric]`, columns in the order of `numeric`.
+
+        Example:
+
+        ```python
+        plan = TransformPlan([rk.features.Numeric("a", transform="log1p")])
+        plan.dense({"a": torch.tensor([0.0, float("nan")])}, torch.zeros(1),
+                   torch.ones(1))                  # [[0.0], [0.0]]
+        ```
+        """
+        x = torch.stack([inputs[s.name] for s in self.numeric], dim=1).float()
+        planned = self._on(x.device)
+        x = torch.where(torch.isnan(x), planned["numeric_default"], x)
+        logged = torch.sign(x) * torch.log1p(x.abs())
+        x = torch.where(planned["numeric_log1p"], logged, x)
+        scaled = (x - mean) / std
+        return torch.where(planned["numeric_standardize"], scaled, x)
+
+    def packed_sparse(self, inputs: dict) -> dict:
+        """The packed sparse batch of every sparse feature, transformed.
+
+        Args:
+            inputs: `{name: tensor}`, at least the sparse features: int
+                `[B]` ids of Categoricals, float `[B]` values of bucketized
+                Categoricals, int `[B, max_len]` rows of Sequences padded
+                with `-1` (all on one device).
+
+        Returns:
+            `{"ids": int64 [N], "offsets": int64 [S * B + 1]}`, the slots in
+            the order of `slots` (see `reckeras.ragged`).
+
+        Example:
+
+        ```python
+        plan = TransformPlan([rk.features.Categorical("a", dim=4),
+                              rk.features.Sequence("s", dim=4, max_len=3)])
+        plan.packed_sparse({"a": torch.tensor([7, -1]),
+                            "s": torch.tensor([[4, 5, -1], [-1, -1, -1]])})
+        # {"ids": [7, -1, 4, 5], "offsets": [0, 1, 2, 4, 4]}
+        ```
+        """
         if self.sequences:
-            values, seq_lengths = self._sequences(inputs)
-            batch = seq_lengths.shape[1]
-            parts.append(values)
-            lengths.append(seq_lengths.reshape(-1))
-        device = parts[0].device
-        if lengths:
-            lengths.insert(0, torch.ones(len(self.single_slots) * batch,
-                                         dtype=torch.int64, device=device))
-            offsets = ragged.lengths_to_offsets(torch.cat(lengths))
-        else:
-            offsets = torch.arange(len(self.single_slots) * batch + 1, device=device)
-        ids = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return {"ids": ids, "offsets": offsets}
+            values, offsets = self._sequences(inputs)
+            if not self.single_slots:
+                return {"ids": values, "offsets": offsets}
+        single = self._single_valued(inputs).reshape(-1)     # one id per bag
+        single_offsets = torch.arange(single.numel() + 1, device=single.device)
+        if not self.sequences:
+            return {"ids": single, "offsets": single_offsets}
+        return {"ids": torch.cat([single, values]),
+                "offsets": torch.cat([single_offsets[:-1], offsets + single.numel()])}
 
     def _single_valued(self, inputs):
         blocks = []
@@ -149,45 +226,28 @@ class TransformPlan:
             blocks.append(torch.stack([inputs[s.name] for s in self.ids]).long())
         if self.bucketized:
             values = torch.stack([inputs[s.name] for s in self.bucketized]).float()
-            bounds = self.boundaries.to(values.device)
-            buckets = torch.searchsorted(bounds, values.contiguous(), right=True)
-            blocks.append(torch.where(torch.isnan(values), MISSING_ID, buckets))
-        if not blocks:
-            return None
+            blocks.append(transforms.bucketize(values,
+                                               self._on(values.device)["boundaries"]))
         categorical = torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+        planned = self._on(categorical.device)
         if self.crosses:
-            crossed = [hash_combine(categorical[members.to(categorical.device)]
-                                    .permute(1, 0, 2))
-                       for members in self.cross_members if members.numel()]
-            crossed = torch.cat(crossed) if len(crossed) > 1 else crossed[0]
-            order = self.cross_order.to(crossed.device)
-            crossed = torch.empty_like(crossed).index_copy_(0, order, crossed)
+            crossed = transforms.cross(categorical, planned["cross_members"])
             categorical = torch.cat([categorical, crossed])
-        buckets = self.single_hash_buckets.to(categorical.device).unsqueeze(1)
-        return _hash_into_buckets(categorical, buckets, self.single_hashed)
+        if not self._hashes_single:
+            return categorical
+        return transforms.hash_into_buckets(categorical, planned["single_buckets"])
 
     def _sequences(self, inputs):
-        width = self.max_sequence_len
-        padded = torch.stack([
-            torch.nn.functional.pad(inputs[s.name].long(),
-                                    (0, width - s.max_len), value=MISSING_ID)
-            for s in self.sequences])                          # [S2, B, L]
-        present = padded != MISSING_ID
-        lengths = present.sum(dim=2)
-        buckets = self.sequence_hash_buckets.to(padded.device).view(-1, 1, 1)
-        values = _hash_into_buckets(padded, buckets, self.sequence_hashed)[present]
-        return values, lengths
+        batch = len(inputs[self.sequences[0].name])
+        flat = torch.cat([_rows(inputs[s.name], s, batch) for s in self.sequences])
+        planned = self._on(flat.device)
+        return transforms.pack_sequences(flat.long(), planned["sequence_width_offsets"],
+                                         planned["sequence_buckets"], batch)
 
 
-def _hash_into_buckets(ids, buckets, hashed_rows):
-    """``mix64(id) mod buckets`` on the rows (features) with ``buckets > 0``.
-
-    ``hashed_rows`` (planned once) lists those rows, so features without
-    hash buckets cost nothing here.
-    """
-    if hashed_rows.numel() == 0:
-        return ids
-    hashed_rows = hashed_rows.to(ids.device)
-    chosen = ids.index_select(0, hashed_rows)
-    modulus = buckets.index_select(0, hashed_rows)
-    return ids.index_copy(0, hashed_rows, torch.remainder(mix64(chosen), modulus))
+def _rows(padded, spec, batch):
+    """The `[batch, max_len]` rows of a sequence feature, flattened."""
+    if tuple(padded.shape) != (batch, spec.max_len):
+        raise ValueError(f"feature {spec.name!r}: expected [{batch}, {spec.max_len}] "
+                         f"padded ids, got {list(padded.shape)}")
+    return padded.reshape(-1)

@@ -19,7 +19,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from reckeras.backend_kernels import (aggregation, hash_table, hashing, pooling,  # noqa: E402
+from reckeras.backend_kernels import (aggregation, hash_table, hashing,  # noqa: E402
                                       sparse_optimizers, transforms)
 
 P64, P32, PBF, P8, PU8 = "*i64", "*fp32", "*bf16", "*i8", "*u8"
@@ -70,23 +70,15 @@ CASES = [
     (transforms, "_cross_kernel", {"columns_ptr": P64, "members_ptr": P64,
                                    "out_ptr": P64, "n": "i64", "total": "i64"},
      {"BLOCK": transforms.BLOCK}),
-    (transforms, "_pack_padded_kernel", {"padded_ptr": P64, "offsets_ptr": P64,
-                                         "out_ptr": P64, "width": "i32",
-                                         "pad_value": "i64"},
+    (transforms, "_count_present_kernel", {"flat_ptr": P64, "width_offsets_ptr": P64,
+                                           "lengths_ptr": P64, "batch": "i64"},
      {"BLOCK_L": transforms.BLOCK_L}),
-    (transforms, "_copy_bags_kernel", {"values_ptr": P64, "offsets_ptr": P64,
-                                       "skip_ptr": P64, "new_offsets_ptr": P64,
-                                       "out_ptr": P64}, {"BLOCK_L": transforms.BLOCK_L}),
-    (transforms, "_pad_kernel", {"values_ptr": P64, "offsets_ptr": P64, "out_ptr": P64,
-                                 "width": "i32", "pad_value": "i64"},
+    (transforms, "_pack_sequences_kernel", {"flat_ptr": P64, "width_offsets_ptr": P64,
+                                            "buckets_ptr": P64, "offsets_ptr": P64,
+                                            "out_ptr": P64, "batch": "i64"},
      {"BLOCK_L": transforms.BLOCK_L}),
     (aggregation, "_segment_sum_kernel", *segment_sum(P32)),
     (aggregation, "_segment_sum_kernel", *segment_sum(PBF)),
-    (pooling, "_sequence_lookup_kernel", {"weights_ptr": PBF, "rows_ptr": P64,
-                                          "offsets_ptr": P64, "out_ptr": P32,
-                                          "mask_ptr": P8, "max_len": "i32",
-                                          "dim": "i32"},
-     {"BLOCK_L": pooling.BLOCK_L, "BLOCK_D": 16}),
     (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.SGD, False)),
     (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.ADAGRAD, True)),
     (sparse_optimizers, "_update_kernel",

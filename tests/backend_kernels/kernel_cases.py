@@ -1,11 +1,14 @@
 """Shared helpers of the kernel tests (see conftest.py)."""
 
+import collections
+import contextlib
 import os
 
 import pytest
 import torch
 from hypothesis import settings
 
+from reckeras.backend_kernels import dispatch
 from reckeras.backend_kernels.dispatch import TRITON_AVAILABLE
 
 DEVICE = torch.device(os.environ.get("RECKERAS_TEST_DEVICE", "cpu"))
@@ -38,3 +41,35 @@ def assert_same(actual, expected):
 
 def assert_close(actual, expected, **tolerances):
     torch.testing.assert_close(actual.cpu(), expected.cpu(), **tolerances)
+
+
+def triton_route():
+    """The block in which entry points take their Triton route for the test's
+    tensors: on CUDA tensors they always do; CPU tensors are sent there, in
+    the interpreter (conftest.py sets ``TRITON_INTERPRET=1``)."""
+    return contextlib.nullcontext() if DEVICE.type == "cuda" else dispatch.triton_on_cpu()
+
+
+class Launches:
+    """Counts the launches of a kernel module's Triton kernels.
+
+    Every ``*_kernel`` of the module is replaced (through ``monkeypatch``, so
+    for one test) by a wrapper that counts ``kernel[grid](...)`` launches
+    by name and launches the kernel.
+    """
+
+    def __init__(self, monkeypatch, module):
+        self.counts = collections.Counter()
+        namespace = module._triton.ready()
+        for name, fn in list(namespace.items()):
+            if name.endswith("_kernel"):
+                monkeypatch.setitem(namespace, name, _Counted(fn, name, self.counts))
+
+
+class _Counted:
+    def __init__(self, fn, name, counts):
+        self.fn, self.name, self.counts = fn, name, counts
+
+    def __getitem__(self, grid):
+        self.counts[self.name] += 1
+        return self.fn[grid]

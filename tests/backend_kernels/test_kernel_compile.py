@@ -27,11 +27,13 @@ def test_every_kernel_compiles_for_sm90():
 
 
 def test_importing_the_kernel_modules_defines_no_triton_kernel():
-    result = run("import reckeras.backend_kernels.pooling as p\n"
+    result = run("import reckeras.backend_kernels.pooling\n"
+                 "import reckeras.backend_kernels.aggregation as a\n"
                  "import reckeras.backend_kernels.sparse_optimizers as s\n"
                  "import reckeras.backend_kernels.transforms as t\n"
                  "import reckeras.backend_kernels.hash_table as h\n"
-                 "print(type(p._sequence_lookup_kernel).__name__,"
-                 " type(s._update_kernel).__name__, type(h._insert_kernel).__name__)")
+                 "print(type(t._pack_sequences_kernel).__name__,"
+                 " type(s._update_kernel).__name__, type(h._insert_kernel).__name__,"
+                 " type(a._segment_sum_kernel).__name__)")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["function"] * 3
+    assert result.stdout.split() == ["function"] * 4

@@ -49,11 +49,12 @@ def test_reference_matches_torch_optim_per_row(kind):
         assert_close(weights, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_rowwise_adagrad_reference_hand_formula():
+def test_rowwise_adagrad_update_hand_formula():
+    """``update``, what ``SparseOptimizer.apply`` runs (native kernel or reference)."""
     weights = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
     state = torch.tensor([[0.5], [1.0], [2.0]])
     grads = torch.tensor([[3.0, 4.0], [1.0, -1.0]])
-    so.rowwise_adagrad_update(weights, state, torch.tensor([2, 0]), grads, 0.1, 0.0)
+    so.update(so.ROWWISE_ADAGRAD, weights, state, torch.tensor([2, 0]), grads, 0.1, 0.0)
     # row 2: s = 2 + (9 + 16) / 2 = 14.5; row 0: s = 0.5 + 1 = 1.5
     assert state.flatten().tolist() == [1.5, 1.0, 14.5]
     expected_row2 = torch.tensor([5.0, 6.0]) - 0.1 * torch.tensor([3.0, 4.0]) / 14.5 ** 0.5
@@ -63,10 +64,11 @@ def test_rowwise_adagrad_reference_hand_formula():
     assert weights[1].tolist() == [3.0, 4.0]
 
 
-def test_reference_updates_bfloat16_tables_in_float32():
+def test_update_of_bfloat16_tables_runs_in_float32():
     weights = torch.ones(3, 4, dtype=torch.bfloat16)
     state = torch.zeros(3, 1)
-    so.rowwise_adagrad_update(weights, state, torch.tensor([1]), torch.ones(1, 4), 0.5, 0.0)
+    so.update(so.ROWWISE_ADAGRAD, weights, state, torch.tensor([1]), torch.ones(1, 4), 0.5,
+              0.0)
     assert weights.dtype == torch.bfloat16
     assert weights[1].tolist() == [0.5] * 4 and weights[0].tolist() == [1.0] * 4
 

@@ -4,13 +4,14 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from kernel_cases import (INT64_MAX, INT64_MIN, SETTINGS, assert_same, on_device,
-                          requires_triton)
+from kernel_cases import (INT64_MAX, INT64_MIN, SETTINGS, Launches, assert_same,
+                          on_device, requires_triton, triton_route)
 
 from reckeras.backend_kernels import transforms
 from reckeras.backend_kernels.hashing import hash_combine, mix64
 
 MISSING = transforms.MISSING_ID
+INF = float("inf")
 
 
 def random_ids(rng, *shape):
@@ -28,14 +29,18 @@ def test_hash_into_buckets_reference_is_a_per_feature_mod():
         expected = ids[f] if buckets[f] == 0 else mix64(ids[f]) % int(buckets[f])
         assert torch.equal(out[f], expected)
         assert buckets[f] == 0 or ((out[f] >= 0) & (out[f] < buckets[f])).all()
+    every = torch.tensor([3, 5, 7, 9])
+    assert torch.equal(transforms.hash_into_buckets(ids, every),
+                       mix64(ids) % every.unsqueeze(1))
 
 
 def test_bucketize_reference_is_a_per_feature_searchsorted():
-    values = torch.tensor([[-1.0, 0.0, 0.5, 2.0, float("nan")],
-                           [3.0, -7.0, 1.0, 1.5, 0.0]])
-    boundaries = torch.tensor([[0.0, 1.0, float("inf")], [1.0, 1.5, 2.0]])
+    values = torch.tensor([[-1.0, 0.0, 0.5, 2.0, float("nan"), INF, -INF],
+                           [3.0, -7.0, 1.0, 1.5, 0.0, INF, -INF]])
+    boundaries = torch.tensor([[0.0, 1.0, INF], [1.0, 1.5, 2.0]])
     out = transforms.bucketize(values, boundaries)
-    assert out.tolist() == [[0, 1, 1, 2, MISSING], [3, 0, 1, 2, 0]]
+    # +inf is in the last bucket of its own feature, not past the padding.
+    assert out.tolist() == [[0, 1, 1, 2, MISSING, 2, 0], [3, 0, 1, 2, 0, 3, 0]]
 
 
 def test_cross_reference_is_hash_combine_of_members():
@@ -47,17 +52,46 @@ def test_cross_reference_is_hash_combine_of_members():
     assert torch.equal(out[2], hash_combine(columns[[2, 0]]))
 
 
-def test_sequence_references_against_python_lists():
-    padded = torch.tensor([[5, 6, -1, -1], [-1, -1, -1, -1], [1, -1, 2, 3], [9, 8, 7, 6]])
-    values, offsets = transforms.pack_padded(padded)
-    bags = [[5, 6], [], [1, 2, 3], [9, 8, 7, 6]]
-    assert values.tolist() == sum(bags, []) and offsets.tolist() == [0, 2, 2, 5, 9]
-    # Two features of batch 2: feature 0 keeps 1 id per bag, feature 1 keeps 3.
-    cut_values, cut_offsets = transforms.cutoff(values, offsets, torch.tensor([1, 3]), 2)
-    assert cut_values.tolist() == [6, 1, 2, 3, 8, 7, 6]
-    assert cut_offsets.tolist() == [0, 1, 1, 4, 7]
-    assert transforms.pad(values, offsets, 3).tolist() == \
-        [[5, 6, -1], [-1, -1, -1], [1, 2, 3], [9, 8, 7]]
+def naive_pack(rows_per_feature, buckets):
+    """pack_sequences as Python loops over features, rows and positions."""
+    values, lengths = [], []
+    for rows, bucket in zip(rows_per_feature, buckets):
+        for row in rows.tolist():
+            kept = [i for i in row if i != MISSING]
+            if bucket:
+                kept = (mix64(torch.tensor(kept, dtype=torch.int64)) % bucket).tolist()
+            values += kept
+            lengths.append(len(kept))
+    return values, [0] + torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()
+
+
+def pack_case(rows_per_feature, buckets):
+    """The arguments of pack_sequences for ``[batch, w_f]`` rows of every feature."""
+    batch = rows_per_feature[0].shape[0]
+    widths = torch.tensor([r.shape[1] for r in rows_per_feature])
+    width_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), widths.cumsum(0)])
+    flat = torch.cat([r.reshape(-1) for r in rows_per_feature])
+    return flat, width_offsets, torch.tensor(buckets, dtype=torch.int64), batch
+
+
+def test_pack_sequences_reference_against_python_lists():
+    # Feature 0: width 4, no hashing, -1 anywhere in a row is padding;
+    # feature 1: width 2, hashed into 5 buckets (negative ids too).
+    first = torch.tensor([[5, 6, -1, -1], [-1, -1, -1, -1], [1, -1, 2, 3]])
+    second = torch.tensor([[-7, 8], [-1, -1], [9, -1]])
+    case = pack_case([first, second], [0, 5])
+    values, offsets = transforms.pack_sequences(*case)
+    expected_values, expected_offsets = naive_pack([first, second], [0, 5])
+    assert values.tolist() == expected_values and offsets.tolist() == expected_offsets
+    assert values[:5].tolist() == [5, 6, 1, 2, 3]
+    assert offsets.tolist()[:4] == [0, 2, 2, 5]
+
+
+def test_pack_sequences_reference_of_an_empty_batch():
+    case = pack_case([torch.zeros(0, 3, dtype=torch.int64),
+                      torch.zeros(0, 1, dtype=torch.int64)], [0, 7])
+    values, offsets = transforms.pack_sequences(*case)
+    assert values.tolist() == [] and offsets.tolist() == [0]
 
 
 # ---- Triton kernels against the references ---------------------------------------
@@ -82,7 +116,7 @@ def test_hash_into_buckets_triton_feature_counts(features, n):
 
 
 def _boundaries(rng, features, width):
-    rows = torch.full((features, width), float("inf"))
+    rows = torch.full((features, width), INF)
     for f in range(features):
         count = rng.randint(1, width)
         rows[f, :count] = torch.tensor(sorted(rng.sample(range(-50, 50), count)),
@@ -95,10 +129,10 @@ def _boundaries(rng, features, width):
 @given(st.integers(1, 5), st.integers(0, 30), st.integers(1, 40),
        st.randoms(use_true_random=False))
 def test_bucketize_triton(features, n, width, rng):
-    values = torch.tensor([rng.uniform(-15, 15) for _ in range(features * n)]).view(features, n)
-    if values.numel():
-        values.view(-1)[0] = float("nan")
-        values.view(-1)[-1] = 0.25            # on a boundary
+    special = [float("nan"), INF, -INF, 0.25]          # 0.25: on a boundary
+    values = torch.tensor([rng.choice(special) if rng.random() < 0.2
+                           else rng.uniform(-15, 15)
+                           for _ in range(features * n)]).view(features, n)
     boundaries = _boundaries(rng, features, width)
     assert_same(transforms.bucketize_triton(*on_device(values, boundaries)),
                 transforms.bucketize_reference(values, boundaries))
@@ -126,49 +160,64 @@ def test_cross_triton(columns_count, crosses, n, rng):
 
 
 @requires_triton
-def test_cross_triton_two_column_members():
+def test_cross_triton_ids_at_the_int64_limits():
     columns = torch.tensor([[INT64_MIN, INT64_MAX, 0], [1, -1, 2**62]])
-    members = torch.tensor([[0, 1], [1, 0]])
+    members = torch.tensor([[0, 1, -1], [1, 0, -1], [1, 1, 0]])
     assert_same(transforms.cross_triton(*on_device(columns, members)),
                 transforms.cross_reference(columns, members))
 
 
-def _bags(rng, count, longest):
-    lengths = [rng.choice([0, 1, rng.randint(0, longest)]) for _ in range(count)]
-    values = torch.tensor([rng.randint(0, 99) for _ in range(sum(lengths))],
-                          dtype=torch.int64)
-    offsets = torch.tensor([0] + lengths).cumsum(0)
-    return values, offsets
+def _padded_rows(rng, batch, width):
+    """Left-aligned rows (some of length 0 or full), a few -1 inside too."""
+    rows = torch.full((batch, width), MISSING, dtype=torch.int64)
+    for b in range(batch):
+        length = rng.choice([0, width, rng.randint(0, width)])
+        rows[b, :length] = random_ids(rng, length) if rng.random() < 0.3 else \
+            torch.tensor([rng.randint(-3, 99) for _ in range(length)], dtype=torch.int64)
+    return rows
 
 
 @requires_triton
 @SETTINGS
-@given(st.integers(0, 12), st.integers(0, 150), st.randoms(use_true_random=False))
-def test_pack_padded_triton(rows, width, rng):
-    padded = torch.tensor([rng.choice([MISSING, MISSING, rng.randint(0, 9)])
-                           for _ in range(rows * width)], dtype=torch.int64).view(rows, width)
-    values, offsets = transforms.pack_padded_triton(on_device(padded))
-    expected_values, expected_offsets = transforms.pack_padded_reference(padded)
+@given(st.lists(st.sampled_from([1, 2, 3, 7, 37, 130]), min_size=1, max_size=3),
+       st.integers(0, 5), st.randoms(use_true_random=False))
+def test_pack_sequences_triton(widths, batch, rng):
+    rows = [_padded_rows(rng, batch, width) for width in widths]
+    buckets = [rng.choice([0, 0, 1, 7, 2**62]) for _ in widths]
+    flat, width_offsets, buckets, batch = pack_case(rows, buckets)
+    values, offsets = transforms.pack_sequences_triton(
+        *on_device(flat, width_offsets, buckets), batch)
+    expected_values, expected_offsets = transforms.pack_sequences_reference(
+        flat, width_offsets, buckets, batch)
     assert_same(values, expected_values)
     assert_same(offsets, expected_offsets)
+    assert (expected_values.tolist(), expected_offsets.tolist()) == naive_pack(
+        rows, buckets.tolist())
 
 
-@requires_triton
-@SETTINGS
-@given(st.integers(1, 3), st.integers(0, 6), st.randoms(use_true_random=False))
-def test_cutoff_triton(features, batch, rng):
-    values, offsets = _bags(rng, features * batch, 140)
-    max_len = torch.tensor([rng.randint(1, 150) for _ in range(features)])
-    out = transforms.cutoff_triton(*on_device(values, offsets, max_len), batch)
-    expected = transforms.cutoff_reference(values, offsets, max_len, batch)
-    assert_same(out[0], expected[0])
-    assert_same(out[1], expected[1])
-
+# ---- the entry points dispatch to the kernels ---------------------------------------
 
 @requires_triton
-@SETTINGS
-@given(st.integers(0, 8), st.integers(0, 140), st.randoms(use_true_random=False))
-def test_pad_triton(bags, width, rng):
-    values, offsets = _bags(rng, bags, 140)
-    assert_same(transforms.pad_triton(*on_device(values, offsets), width),
-                transforms.pad_reference(values, offsets, width))
+def test_entry_points_launch_one_kernel_each_on_the_triton_route(monkeypatch):
+    ids = torch.arange(12, dtype=torch.int64).view(4, 3) - 2
+    buckets = torch.tensor([0, 5, 0, 9])
+    values = torch.tensor([[0.5, float("nan"), INF]])
+    boundaries = torch.tensor([[0.0, 1.0, INF, INF]])
+    members = torch.tensor([[0, 1, -1], [3, 2, 1]])
+    pack = pack_case([torch.tensor([[4, -1], [-1, -1], [-2, 3]]),
+                      torch.tensor([[7], [-1], [8]])], [11, 0])
+    expected = [transforms.hash_into_buckets(ids, buckets),
+                transforms.bucketize(values, boundaries),
+                transforms.cross(ids, members),
+                *transforms.pack_sequences(*pack)]
+    launches = Launches(monkeypatch, transforms)
+    with triton_route():
+        out = [transforms.hash_into_buckets(*on_device(ids, buckets)),
+               transforms.bucketize(*on_device(values, boundaries)),
+               transforms.cross(*on_device(ids, members)),
+               *transforms.pack_sequences(*on_device(*pack[:3]), pack[3])]
+    for actual, reference in zip(out, expected):
+        assert_same(actual, reference)
+    assert launches.counts == {"_hash_into_buckets_kernel": 1, "_bucketize_kernel": 1,
+                               "_cross_kernel": 1, "_count_present_kernel": 1,
+                               "_pack_sequences_kernel": 1}

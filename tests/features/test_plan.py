@@ -1,9 +1,19 @@
-"""The fused transforms against per-feature numpy computations."""
+"""The fused transforms against per-feature computations, on both routes."""
+
+import collections
+import contextlib
+import os
+import random
 
 import numpy as np
+import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import reckeras as rk
+from reckeras.backend_kernels import dispatch, transforms
+from reckeras.backend_kernels.dispatch import TRITON_AVAILABLE
 from reckeras.backend_kernels.hashing import INT64_MAX, hash_combine, mix64, mix64_numpy
 from reckeras.features.plan import TransformPlan
 
@@ -79,3 +89,243 @@ def test_hash_buckets_stay_in_range_for_extreme_ids():
     ids = torch.tensor([0, INT64_MAX, -(2**63), -1])
     out = plan.packed_sparse({"x": ids})["ids"]
     assert ((out >= 0) & (out < 3)).all()
+
+
+# ---- the Triton route equals the CPU route -------------------------------------------
+#
+# On CUDA inputs (RECKERAS_TEST_DEVICE=cuda) the plan runs the Triton kernels
+# compiled; on CPU inputs `dispatch.triton_on_cpu()` sends them there, in
+# Triton's interpreter. Either way every kernel launch is counted, so these
+# tests fail if the plan stops calling the kernels.
+
+DEVICE = torch.device(os.environ.get("RECKERAS_TEST_DEVICE", "cpu"))
+# The triton_route fixture is safe to share between examples: every run
+# clears its launch counts.
+SETTINGS = settings(max_examples=12, deadline=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+INF = float("inf")
+
+
+class CountedKernel:
+    def __init__(self, fn, name, counts):
+        self.fn, self.name, self.counts = fn, name, counts
+
+    def __getitem__(self, grid):
+        self.counts[self.name] += 1
+        return self.fn[grid]
+
+
+@pytest.fixture
+def triton_route(monkeypatch):
+    """Yields a run of the plan on its Triton route: ``run(plan, inputs)``
+    returns the packed batch (on CPU) and the launches of the transform
+    kernels by name."""
+    if not TRITON_AVAILABLE:
+        pytest.skip("triton not installed")
+    if DEVICE.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    counts = collections.Counter()
+    namespace = transforms._triton.ready()
+    for name, fn in list(namespace.items()):
+        if name.endswith("_kernel"):
+            monkeypatch.setitem(namespace, name, CountedKernel(fn, name, counts))
+
+    def run(plan, inputs):
+        counts.clear()
+        cpu = DEVICE.type == "cpu"
+        with dispatch.triton_on_cpu() if cpu else contextlib.nullcontext():
+            packed = plan.packed_sparse({k: v.to(DEVICE) for k, v in inputs.items()})
+        assert packed["ids"].device.type == DEVICE.type
+        return {k: v.cpu() for k, v in packed.items()}, dict(counts)
+
+    return run
+
+
+def expected_launches(plan, batch, num_ids):
+    """One launch per transform kind present (none for an empty batch)."""
+    kinds = {"_bucketize_kernel": plan.bucketized, "_cross_kernel": plan.crosses,
+             "_hash_into_buckets_kernel": any(s.hash_buckets for s in plan.single_slots),
+             "_count_present_kernel": plan.sequences,
+             "_pack_sequences_kernel": plan.sequences and num_ids > len(
+                 plan.single_slots) * batch}
+    return {name: 1 for name, present in kinds.items() if present and batch}
+
+
+def naive_packed(plan, inputs, batch):
+    """The packed batch by per-feature, per-example Python loops."""
+    by_name = {s.name: s for s in plan.slots}
+
+    def categorical(spec):
+        if spec.boundaries is None:
+            return inputs[spec.name].long()
+        values = inputs[spec.name].float().numpy()
+        buckets = np.searchsorted(np.array(spec.boundaries, dtype=np.float32), values,
+                                  side="right")
+        return torch.from_numpy(np.where(np.isnan(values), -1, buckets).astype(np.int64))
+
+    bags = []
+    for spec in plan.slots:
+        if isinstance(spec, rk.features.Sequence):
+            rows = [[i for i in row if i != -1] for row in inputs[spec.name].tolist()]
+        elif isinstance(spec, rk.features.Cross):
+            members = torch.stack([categorical(by_name[m]) for m in spec.names])
+            rows = [[i] for i in hash_combine(members).tolist()]
+        else:
+            rows = [[i] for i in categorical(spec).tolist()]
+        if spec.hash_buckets:
+            rows = [(mix64(torch.tensor(r, dtype=torch.int64)) % spec.hash_buckets).tolist()
+                    for r in rows]
+        bags += rows
+    lengths = torch.tensor([0] + [len(b) for b in bags], dtype=torch.int64)
+    return {"ids": torch.tensor(sum(bags, []), dtype=torch.int64),
+            "offsets": lengths.cumsum(0)}
+
+
+def random_specs(rng):
+    dims = [1, 3, 4, 6]
+    specs = [rk.features.Categorical(f"c{i}", dim=rng.choice(dims),
+                                     hash_buckets=rng.choice([None, None, 1, 7, 2**40]))
+             for i in range(rng.randint(0, 3))]
+    specs += [rk.features.Categorical(
+        f"b{i}", dim=rng.choice(dims),
+        boundaries=[v / 4 for v in sorted(rng.sample(range(-40, 40), rng.randint(1, 9)))])
+        for i in range(rng.randint(0, 2))]
+    names = [s.name for s in specs]
+    if len(names) >= 2:
+        specs += [rk.features.Cross(rng.sample(names, rng.choice([2, 3][:len(names) - 1])),
+                                    dim=rng.choice(dims),
+                                    hash_buckets=rng.choice([5, 1000, 2**50]),
+                                    name=f"x{i}")
+                  for i in range(rng.randint(0, 2))]
+    specs += [rk.features.Sequence(f"s{i}", dim=rng.choice(dims),
+                                   max_len=rng.choice([1, 3, 5, 37, 130]),
+                                   hash_buckets=rng.choice([None, 13, 2**33]),
+                                   combiner=rng.choice(["sum", None]))
+              for i in range(rng.randint(0 if specs else 1, 2))]
+    specs.append(rk.features.Numeric("n"))        # ignored by packed_sparse
+    rng.shuffle(specs)
+    return specs
+
+
+def random_inputs(rng, specs, batch):
+    inputs = {}
+    for spec in specs:
+        if isinstance(spec, rk.features.Sequence):
+            rows = torch.full((batch, spec.max_len), -1, dtype=torch.int64)
+            for b in range(batch):
+                length = rng.choice([0, spec.max_len, rng.randint(0, spec.max_len)])
+                rows[b, :length] = torch.tensor(
+                    [rng.choice([rng.randint(-5, 50), rng.randint(-2**63, 2**63 - 1)])
+                     for _ in range(length)], dtype=torch.int64)
+            inputs[spec.name] = rows
+        elif isinstance(spec, rk.features.Categorical) and spec.boundaries is not None:
+            inputs[spec.name] = torch.tensor(
+                [rng.choice([float("nan"), INF, -INF, spec.boundaries[0],
+                             rng.uniform(-12, 12), rng.uniform(-12, 12)])
+                 for _ in range(batch)], dtype=torch.float32)
+        elif isinstance(spec, rk.features.Categorical):
+            inputs[spec.name] = torch.tensor(
+                [rng.choice([-1, rng.randint(0, 20), rng.randint(-2**63, 2**63 - 1)])
+                 for _ in range(batch)], dtype=torch.int64)
+        elif isinstance(spec, rk.features.Numeric):
+            inputs[spec.name] = torch.rand(batch)
+    return inputs
+
+
+@SETTINGS
+@given(st.randoms(use_true_random=False), st.integers(0, 4))
+def test_triton_route_equals_the_cpu_route_on_random_specs(triton_route, rng, batch):
+    plan = TransformPlan(random_specs(rng))
+    inputs = random_inputs(rng, plan.specs, batch)
+    cpu = plan.packed_sparse(inputs)
+    expected = naive_packed(plan, inputs, batch)
+    assert torch.equal(cpu["ids"], expected["ids"])
+    assert torch.equal(cpu["offsets"], expected["offsets"])
+    packed, launches = triton_route(plan, inputs)
+    assert torch.equal(packed["ids"], cpu["ids"])
+    assert torch.equal(packed["offsets"], cpu["offsets"])
+    assert launches == expected_launches(plan, batch, cpu["ids"].numel())
+
+
+EDGE_SPECS = [rk.features.Categorical("a", dim=3),
+              rk.features.Categorical("h", dim=3, hash_buckets=7),
+              rk.features.Categorical("b", dim=5, boundaries=[0.0, 10.0]),
+              rk.features.Categorical("w", dim=5, boundaries=[-1.0, 0.0, 1.0, 2.0, 3.0]),
+              rk.features.Cross(["a", "h"], dim=3, hash_buckets=11),
+              rk.features.Cross(["b", "a", "w"], dim=3, hash_buckets=2**45),
+              rk.features.Sequence("s", dim=3, max_len=3, combiner="mean"),
+              rk.features.Sequence("t", dim=6, max_len=130, hash_buckets=13,
+                                   combiner=None)]
+
+
+def edge_inputs(batch, sequence_lengths):
+    g = torch.Generator().manual_seed(batch)
+    t = torch.full((batch, 130), -1, dtype=torch.int64)
+    s = torch.full((batch, 3), -1, dtype=torch.int64)
+    for b, length in enumerate(sequence_lengths):
+        t[b, :length] = torch.randint(-2**62, 2**62, (length,), generator=g)
+        s[b, :min(length, 3)] = torch.arange(min(length, 3)) + 10 * b
+    edge_ids = torch.tensor([-1, 0, INT64_MAX, -(2**63), -5, 3])
+    edge_values = torch.tensor([float("nan"), INF, -INF, 0.0, 10.0, -1e30])
+    return {"a": edge_ids[:batch], "h": edge_ids.flip(0)[:batch],
+            "b": edge_values[:batch], "w": edge_values.flip(0)[:batch], "s": s, "t": t}
+
+
+@pytest.mark.parametrize("batch,sequence_lengths", [
+    (0, []),                         # empty batch
+    (3, [0, 0, 0]),                  # length-0 sequences only
+    (6, [130, 0, 1, 129, 3, 64]),    # full, empty, longer than a kernel block
+])
+def test_triton_route_edge_cases(triton_route, batch, sequence_lengths):
+    plan = TransformPlan(EDGE_SPECS)
+    inputs = edge_inputs(batch, sequence_lengths)
+    cpu = plan.packed_sparse(inputs)
+    expected = naive_packed(plan, inputs, batch)
+    assert torch.equal(cpu["ids"], expected["ids"])
+    assert torch.equal(cpu["offsets"], expected["offsets"])
+    packed, launches = triton_route(plan, inputs)
+    assert torch.equal(packed["ids"], cpu["ids"])
+    assert torch.equal(packed["offsets"], cpu["offsets"])
+    assert launches == expected_launches(plan, batch, cpu["ids"].numel())
+    assert cpu["offsets"].numel() == len(plan.slots) * batch + 1
+
+
+@pytest.mark.parametrize("features", [1, 40])
+def test_one_launch_per_kind_whatever_the_number_of_features(triton_route, features):
+    specs = [rk.features.Categorical(f"c{i}", dim=2, hash_buckets=i + 2)
+             for i in range(features)]
+    specs += [rk.features.Categorical(f"b{i}", dim=2, boundaries=list(range(i + 1)))
+              for i in range(features)]
+    specs += [rk.features.Cross([f"c{i}", f"b{i}"], dim=2, hash_buckets=97, name=f"x{i}")
+              for i in range(features)]
+    specs += [rk.features.Sequence(f"s{i}", dim=2, max_len=i % 5 + 1)
+              for i in range(features)]
+    plan = TransformPlan(specs)
+    inputs = random_inputs(random.Random(features), specs, 2)
+    packed, launches = triton_route(plan, inputs)
+    cpu = plan.packed_sparse(inputs)
+    assert torch.equal(packed["ids"], cpu["ids"])
+    assert torch.equal(packed["offsets"], cpu["offsets"])
+    assert launches == expected_launches(plan, 2, cpu["ids"].numel())
+
+
+def test_infinite_values_fall_in_the_last_bucket_of_their_own_feature():
+    plan = TransformPlan([rk.features.Categorical("x", dim=2, boundaries=[0.0]),
+                          rk.features.Categorical("y", dim=2, boundaries=[1, 2, 3, 4])])
+    inf = torch.tensor([INF, -INF])
+    assert plan.packed_sparse({"x": inf, "y": inf})["ids"].tolist() == [1, 0, 4, 0]
+
+
+def test_sequences_of_the_wrong_width_are_refused():
+    plan = TransformPlan([rk.features.Sequence("s", dim=2, max_len=3)])
+    with pytest.raises(ValueError, match=r"feature 's': expected \[2, 3\]"):
+        plan.packed_sparse({"s": torch.full((2, 4), -1)})
+
+
+def test_planned_tensors_are_copied_to_a_device_once():
+    plan = TransformPlan(EDGE_SPECS)
+    assert plan._on(torch.device("cpu")) is plan._on(torch.device("cpu"))
+    if DEVICE.type == "cuda":
+        on_device = plan._on(DEVICE)
+        assert on_device is plan._on(DEVICE)
+        assert all(t.device.type == "cuda" for t in on_device.values())
