@@ -1,18 +1,18 @@
 """Open-addressing id -> row hash map with linear probing.
 
-The map is two int64 arrays of a power-of-two capacity ``2**bits``:
-``slot_keys`` (EMPTY where free) and ``slot_rows``. A key's probe sequence
-starts at its home slot, the top ``bits`` bits of ``key * GOLDEN`` (Fibonacci
-multiply-shift hashing: two integer ops where ``mix64`` takes ten, and it
+The map is two int64 arrays of a power-of-two capacity `2**bits`:
+`slot_keys` (EMPTY where free) and `slot_rows`. A key's probe sequence
+starts at its home slot, the top `bits` bits of `key * GOLDEN` (Fibonacci
+multiply-shift hashing: two integer ops where `mix64` takes ten, and it
 spreads keys that differ in any bits), and walks one slot at a time; keys are
 never removed, so a probe that reaches a free slot proves the key absent.
 
-``find_or_insert`` resolves a whole batch of keys (duplicates allowed) at once
-and numbers the rows of the new keys ``num_rows, num_rows + 1, ...``; the
+`find_or_insert` resolves a whole batch of keys (duplicates allowed) at once
+and numbers the rows of the new keys `num_rows, num_rows + 1, ...`; the
 caller owns the row storage.
 
 * Triton (CUDA tensors): one program lane per key walks its probe sequence
-  and claims a free slot with ``tl.atomic_cas``; copies of a new key find the
+  and claims a free slot with `tl.atomic_cas`; copies of a new key find the
   winner's key on their next look. The new rows are then numbered in the
   order of the claiming positions.
 * torch reference (CPU tensors): every round, each unresolved key looks at
@@ -20,8 +20,10 @@ caller owns the row storage.
   keys). Keys that reach a free slot are absent; the distinct absent keys are
   then inserted most frequent first (ties: smaller key first), which is also
   the order of their new rows, so the reference is deterministic.
+* native CPU kernels (`cpu_native`), where they can be built: one C loop
+  over the keys.
 
-Both give the same key -> row mapping up to the numbering of the rows created
+All give the same key -> row mapping up to the numbering of the rows created
 by one call; everything above the map only relies on that mapping.
 """
 
@@ -37,8 +39,29 @@ MAX_LOAD = 0.5
 BLOCK = 256
 
 
-def new_slots(capacity: int, device=None):
-    """Empty ``(slot_keys, slot_rows)`` of ``capacity`` (a power of two)."""
+def new_slots(capacity: int,
+              device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """An empty map.
+
+    Args:
+        capacity: the number of slots, a power of two.
+        device: where the map lives.
+
+    Returns:
+        `(slot_keys, slot_rows)`: int64 `[capacity]` arrays of `EMPTY` keys
+        and -1 rows.
+
+    Raises:
+        ValueError: when `capacity` is not a power of two.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import capacity_for, new_slots
+
+    slot_keys, slot_rows = new_slots(capacity_for(1000))   # 2048 slots
+    ```
+    """
     if capacity & (capacity - 1):
         raise ValueError(f"capacity must be a power of two, got {capacity}")
     keys = torch.full((capacity,), EMPTY, dtype=torch.int64, device=device)
@@ -47,14 +70,29 @@ def new_slots(capacity: int, device=None):
 
 
 def capacity_for(num_keys: int) -> int:
-    """Smallest power-of-two capacity that keeps ``num_keys`` under MAX_LOAD."""
+    """The smallest power-of-two capacity that keeps `num_keys` under `MAX_LOAD`.
+
+    Args:
+        num_keys: the number of keys the map must hold.
+
+    Returns:
+        A power of two, at least 16.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import capacity_for
+
+    capacity_for(1000)   # 2048
+    ```
+    """
     capacity = 16
     while num_keys > capacity * MAX_LOAD:
         capacity *= 2
     return capacity
 
 
-def _storable(keys):
+def _storable(keys: torch.Tensor) -> torch.Tensor:
     # EMPTY is the smallest int64: one reduction tells whether a key equals it.
     if keys.numel() and int(keys.min()) == EMPTY:
         return torch.where(keys == EMPTY, keys + 1, keys)
@@ -63,11 +101,12 @@ def _storable(keys):
 
 # ---- torch reference ------------------------------------------------------------
 
-def _walk(slot_keys, keys, slots):
-    """Walks every key from ``slots`` to its own slot or the first free one.
+def _walk(slot_keys: torch.Tensor, keys: torch.Tensor,
+          slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Walks every key from `slots` to its own slot or the first free one.
 
     Returns:
-        ``(slots, found)``: where each key stopped, and whether the key is
+        `(slots, found)`: where each key stopped, and whether the key is
         stored there (else the slot is free and the key absent).
     """
     mask = slot_keys.numel() - 1
@@ -93,10 +132,11 @@ def _walk(slot_keys, keys, slots):
     return slots, found
 
 
-def _claim(slot_keys, keys, slots):
-    """Stores distinct absent ``keys``, each walking on from its free slot.
+def _claim(slot_keys: torch.Tensor, keys: torch.Tensor,
+           slots: torch.Tensor) -> torch.Tensor:
+    """Stores distinct absent `keys`, each walking on from its free slot.
 
-    Keys racing for one free slot: the first in ``keys`` order wins, as one
+    Keys racing for one free slot: the first in `keys` order wins, as one
     compare-and-swap would let exactly one win; the others walk on.
 
     Returns:
@@ -124,15 +164,40 @@ def _claim(slot_keys, keys, slots):
     return placed
 
 
-def _home(keys, capacity):
+def _home(keys: torch.Tensor, capacity: int) -> torch.Tensor:
     bits = capacity.bit_length() - 1
     if not bits:
         return torch.zeros_like(keys)
-    # Arithmetic shift, then the mask keeps the top ``bits`` bits: a logical shift.
+    # Arithmetic shift, then the mask keeps the top `bits` bits: a logical shift.
     return (keys * GOLDEN >> (64 - bits)) & (capacity - 1)
 
 
-def find_or_insert_reference(slot_keys, slot_rows, keys, num_rows):
+def find_or_insert_reference(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+                             keys: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, int]:
+    """`find_or_insert` with torch ops (deterministic numbering).
+
+    The new keys are numbered most frequent first (ties: smaller key first).
+
+    Args:
+        slot_keys: int64 `[capacity]`, the map's keys, updated in place.
+        slot_rows: int64 `[capacity]`, the map's rows, updated in place.
+        keys: int64 `[n]`, duplicates allowed.
+        num_rows: the number of rows before the call.
+
+    Returns:
+        `(rows, num_rows)`: int64 rows aligned with `keys` and the new count.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import find_or_insert_reference, new_slots
+
+    slot_keys, slot_rows = new_slots(16)
+    rows, count = find_or_insert_reference(slot_keys, slot_rows,
+                                           torch.tensor([9, 4, 9]), 0)
+    rows, count   # (tensor([0, 1, 0]), 2): 9 is the more frequent
+    ```
+    """
     keys = _storable(keys)
     slots, found = _walk(slot_keys, keys, _home(keys, slot_keys.numel()))
     if not bool(found.all()):
@@ -156,13 +221,34 @@ def find_or_insert_reference(slot_keys, slot_rows, keys, num_rows):
     return slot_rows.index_select(0, slots), num_rows
 
 
-def find_reference(slot_keys, slot_rows, keys):
+def find_reference(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+                   keys: torch.Tensor) -> torch.Tensor:
+    """`find` with torch ops.
+
+    Args:
+        slot_keys: int64 `[capacity]`, the map's keys.
+        slot_rows: int64 `[capacity]`, the map's rows.
+        keys: int64 `[n]`.
+
+    Returns:
+        int64 `[n]` rows, -1 for keys not in the map.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import find_or_insert_reference, find_reference, new_slots
+
+    slot_keys, slot_rows = new_slots(16)
+    find_or_insert_reference(slot_keys, slot_rows, torch.tensor([9]), 0)
+    find_reference(slot_keys, slot_rows, torch.tensor([9, 5]))   # tensor([ 0, -1])
+    ```
+    """
     keys = _storable(keys)
     slots, found = _walk(slot_keys, keys, _home(keys, slot_keys.numel()))
     return torch.where(found, slot_rows.index_select(0, slots), -1)
 
 
-def _place_reference(slot_keys, keys):
+def _place_reference(slot_keys: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Slots of distinct keys absent from the map, which are stored there."""
     slots, _ = _walk(slot_keys, keys, _home(keys, slot_keys.numel()))
     return _claim(slot_keys, keys, slots)
@@ -226,12 +312,13 @@ def _find_kernel(slot_keys_ptr, slot_rows_ptr, keys_ptr, rows_ptr, n, mask, shif
 _triton = TritonKernels(globals(), {"_EMPTY": EMPTY, "_GOLDEN": GOLDEN})
 
 
-def _mask_and_shift(slot_keys):
+def _mask_and_shift(slot_keys: torch.Tensor) -> tuple[int, int]:
     capacity = slot_keys.numel()
     return capacity - 1, min(63, 64 - (capacity.bit_length() - 1))
 
 
-def _insert_triton(slot_keys, keys):
+def _insert_triton(slot_keys: torch.Tensor,
+                   keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Slot of every key and whether this lane stored it (int8)."""
     ns = _triton.ready()
     keys = keys.contiguous()
@@ -244,7 +331,32 @@ def _insert_triton(slot_keys, keys):
     return slots, claimed
 
 
-def find_or_insert_triton(slot_keys, slot_rows, keys, num_rows):
+def find_or_insert_triton(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+                          keys: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, int]:
+    """`find_or_insert` with the Triton kernel (CUDA tensors).
+
+    The new keys are numbered in the order of the positions that claimed
+    their slots.
+
+    Args:
+        slot_keys: int64 `[capacity]`, the map's keys, updated in place.
+        slot_rows: int64 `[capacity]`, the map's rows, updated in place.
+        keys: int64 `[n]`, duplicates allowed.
+        num_rows: the number of rows before the call.
+
+    Returns:
+        `(rows, num_rows)`: int64 rows aligned with `keys` and the new count.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import find_or_insert_triton, new_slots
+
+    slot_keys, slot_rows = new_slots(16, device="cuda")
+    rows, count = find_or_insert_triton(
+        slot_keys, slot_rows, torch.tensor([9, 4, 9], device="cuda"), 0)
+    ```
+    """
     slots, claimed = _insert_triton(slot_keys, keys)
     new = claimed.nonzero().squeeze(1)
     new_rows = torch.arange(num_rows, num_rows + new.numel(), device=keys.device)
@@ -252,7 +364,27 @@ def find_or_insert_triton(slot_keys, slot_rows, keys, num_rows):
     return slot_rows.index_select(0, slots), num_rows + new.numel()
 
 
-def find_triton(slot_keys, slot_rows, keys):
+def find_triton(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+                keys: torch.Tensor) -> torch.Tensor:
+    """`find` with the Triton kernel (CUDA tensors).
+
+    Args:
+        slot_keys: int64 `[capacity]`, the map's keys.
+        slot_rows: int64 `[capacity]`, the map's rows.
+        keys: int64 `[n]`.
+
+    Returns:
+        int64 `[n]` rows, -1 for keys not in the map.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import find_triton, new_slots
+
+    slot_keys, slot_rows = new_slots(16, device="cuda")
+    find_triton(slot_keys, slot_rows, torch.tensor([9], device="cuda"))   # [-1]
+    ```
+    """
     ns = _triton.ready()
     keys = keys.contiguous()
     rows = torch.empty_like(keys)
@@ -265,13 +397,33 @@ def find_triton(slot_keys, slot_rows, keys):
 
 # ---- public entry points --------------------------------------------------------------
 
-def find_or_insert(slot_keys, slot_rows, keys, num_rows):
-    """Resolves ``keys`` to rows, inserting the absent ones (in place).
+def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+                   keys: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, int]:
+    """Resolves `keys` to rows, inserting the absent ones (in place).
 
-    The caller must ensure capacity for every new key (see ``capacity_for``).
+    The caller must ensure capacity for every new key (see `capacity_for`).
+    The rows of the new keys are `num_rows, num_rows + 1, ...`, in an order
+    that depends on the kernel that runs.
+
+    Args:
+        slot_keys: int64 `[capacity]`, the map's keys, updated in place.
+        slot_rows: int64 `[capacity]`, the map's rows, updated in place.
+        keys: int64 `[n]`, duplicates allowed.
+        num_rows: the number of rows before the call.
 
     Returns:
-        ``(rows, num_rows)``: int64 rows aligned with ``keys`` and the new count.
+        `(rows, num_rows)`: int64 rows aligned with `keys` and the new count.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import find, find_or_insert, new_slots
+
+    slot_keys, slot_rows = new_slots(16)
+    rows, count = find_or_insert(slot_keys, slot_rows, torch.tensor([9, 4, 9]), 0)
+    count                                                # 2
+    bool((find(slot_keys, slot_rows, torch.tensor([9, 4, 9])) == rows).all())   # True
+    ```
     """
     if use_triton(keys):
         return find_or_insert_triton(slot_keys, slot_rows, keys, num_rows)
@@ -281,8 +433,27 @@ def find_or_insert(slot_keys, slot_rows, keys, num_rows):
     return find_or_insert_reference(slot_keys, slot_rows, keys, num_rows)
 
 
-def find(slot_keys, slot_rows, keys):
-    """Rows of ``keys``, -1 for keys not in the map; the map is not changed."""
+def find(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+         keys: torch.Tensor) -> torch.Tensor:
+    """Rows of `keys`, -1 for keys not in the map; the map is not changed.
+
+    Args:
+        slot_keys: int64 `[capacity]`, the map's keys.
+        slot_rows: int64 `[capacity]`, the map's rows.
+        keys: int64 `[n]`.
+
+    Returns:
+        int64 `[n]` rows.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import find, new_slots
+
+    slot_keys, slot_rows = new_slots(16)
+    find(slot_keys, slot_rows, torch.tensor([3]))   # tensor([-1])
+    ```
+    """
     if use_triton(keys):
         return find_triton(slot_keys, slot_rows, keys)
     if use_native(slot_keys, slot_rows, keys):
@@ -291,8 +462,29 @@ def find(slot_keys, slot_rows, keys):
     return find_reference(slot_keys, slot_rows, keys)
 
 
-def rehash(slot_keys, slot_rows, capacity):
-    """A new map of ``capacity`` holding the same key -> row pairs."""
+def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+           capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A new map of `capacity` holding the same key -> row pairs.
+
+    Args:
+        slot_keys: int64 `[old capacity]`, the map's keys.
+        slot_rows: int64 `[old capacity]`, the map's rows.
+        capacity: the new capacity, a power of two (see `capacity_for`).
+
+    Returns:
+        `(slot_keys, slot_rows)` of the new map, on the same device.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import find, find_or_insert, new_slots, rehash
+
+    slot_keys, slot_rows = new_slots(16)
+    rows, _ = find_or_insert(slot_keys, slot_rows, torch.arange(8), 0)
+    slot_keys, slot_rows = rehash(slot_keys, slot_rows, 64)
+    bool((find(slot_keys, slot_rows, torch.arange(8)) == rows).all())   # True
+    ```
+    """
     occupied = (slot_keys != EMPTY).nonzero().squeeze(1)
     keys, rows = slot_keys.index_select(0, occupied), slot_rows.index_select(0, occupied)
     new_keys, new_rows = new_slots(capacity, slot_keys.device)

@@ -4,19 +4,21 @@ Every hash here is defined on signed int64 bit patterns with wrap-around
 arithmetic, so the torch reference, the numpy host path and the Triton kernels
 give bit-identical results on any device:
 
-* ``mix64(x)``: the SplitMix64 finalizer (Steele et al., 2014). It is a
+* `mix64(x)`: the SplitMix64 finalizer (Steele et al., 2014). It is a
   bijection of the 64-bit space, so hashing never merges two ids of one table.
-* ``hash_strings(values)``: FNV-1a 64 over the UTF-8 bytes, then ``mix64``,
-  then the sign bit cleared, so string ids become non-negative int64 ids.
-* ``hash_combine(a, b)``: ``mix64(a * K + b)`` folded left over 2-3 columns;
-  used for feature crosses.
-* ``initial_rows(keys, dim, scale, seed)``: a new embedding row's initial
-  values, uniform in ``[-scale, scale]`` and a function of its key and the
-  seed only (``mix64`` of the key, the seed and the column, the top 53 bits
+* `hash_strings(data, offsets)`: FNV-1a 64 over the UTF-8 bytes, then
+  `mix64`, then the sign bit cleared, so string ids become non-negative
+  int64 ids.
+* `hash_combine(columns)`: `mix64(h * K + b)` folded left over 2-3 columns,
+  starting from `mix64` of the first; used for feature crosses.
+* `initial_rows(keys, dim, scale, seed)`: a new embedding row's initial
+  values, uniform in `[-scale, scale]` and a function of its key and the
+  seed only (`mix64` of the key, the seed and the column, the top 53 bits
   as a double in [0, 1)), so any rank creates a row with the same values.
 
-``mix64``, ``hash_combine`` and ``hash_bytes`` run one Triton kernel on CUDA
-tensors and the torch reference elsewhere.
+`mix64`, `hash_combine` and `hash_bytes` run one Triton kernel on CUDA
+tensors and the torch reference elsewhere; `table_keys` and `initial_rows`
+run the native CPU kernels where they can be built.
 """
 
 import numpy as np
@@ -46,10 +48,26 @@ def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def mix64_reference(x: torch.Tensor) -> torch.Tensor:
+    """`mix64` with torch ops.
+
+    Args:
+        x: an int64 tensor.
+
+    Returns:
+        The int64 SplitMix64 finalizer of every element, shaped as `x`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import mix64_reference
+
+    mix64_reference(torch.tensor([0, 1]))   # two distinct int64 hashes
+    ```
+    """
     z = x + GOLDEN
     scratch = torch.empty_like(z)       # all in place: a third faster on CPU
 
-    def xor_shift(bits):                # z ^= z >>> bits
+    def xor_shift(bits: int) -> None:   # z ^= z >>> bits
         torch.bitwise_right_shift(z, bits, out=scratch)
         scratch.bitwise_and_((1 << (64 - bits)) - 1)
         z.bitwise_xor_(scratch)
@@ -64,6 +82,26 @@ def mix64_reference(x: torch.Tensor) -> torch.Tensor:
 
 def initial_rows_reference(keys: torch.Tensor, dim: int, scale: float,
                            seed: int) -> torch.Tensor:
+    """`initial_rows` with torch ops.
+
+    Args:
+        keys: int64 `[n]` row keys.
+        dim: the row width.
+        scale: the rows are uniform in `[-scale, scale]`.
+        seed: the seed of the table's initial values.
+
+    Returns:
+        float32 `[n, dim]`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import initial_rows_reference
+
+    rows = initial_rows_reference(torch.tensor([7, 7, 8]), 4, 0.25, seed=0)
+    bool((rows[0] == rows[1]).all())   # True: one key, one initial row
+    ```
+    """
     base = mix64(keys ^ mix64(torch.tensor(seed, dtype=torch.int64)))
     bits = mix64(base.unsqueeze(1) + torch.arange(dim, device=keys.device))
     unit = _shr(bits, 11).double() * 2.0 ** -53
@@ -71,6 +109,22 @@ def initial_rows_reference(keys: torch.Tensor, dim: int, scale: float,
 
 
 def hash_combine_reference(columns: torch.Tensor) -> torch.Tensor:
+    """`hash_combine` with torch ops.
+
+    Args:
+        columns: int64 `[k, ...]`, the `k` columns stacked on dim 0.
+
+    Returns:
+        int64 `[...]`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import hash_combine_reference
+
+    hash_combine_reference(torch.tensor([[1, 2], [3, 4]]))   # 2 crossed ids
+    ```
+    """
     h = mix64_reference(columns[0])
     for column in columns[1:]:          # k is 2 or 3: a fold, not a data loop
         h *= COMBINE
@@ -80,6 +134,24 @@ def hash_combine_reference(columns: torch.Tensor) -> torch.Tensor:
 
 
 def hash_bytes_reference(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """`hash_bytes` with torch ops.
+
+    Args:
+        data: uint8 `[bytes]`, the concatenated UTF-8 bytes of all strings.
+        offsets: int64 `[n + 1]` offsets into `data`.
+
+    Returns:
+        int64 `[n]` non-negative ids.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import hash_bytes_reference
+
+    data = torch.tensor(list(b"abcd"), dtype=torch.uint8)
+    hash_bytes_reference(data, torch.tensor([0, 2, 4]))   # ids of "ab", "cd"
+    ```
+    """
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
     h = torch.full_like(lengths, FNV_OFFSET)
@@ -145,6 +217,22 @@ _triton = TritonKernels(globals(), {
 
 
 def mix64_triton(x: torch.Tensor) -> torch.Tensor:
+    """`mix64` with the Triton kernel (CUDA tensors).
+
+    Args:
+        x: an int64 tensor.
+
+    Returns:
+        The int64 hashes, shaped as `x`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import mix64_triton
+
+    mix64_triton(torch.arange(4, device="cuda"))
+    ```
+    """
     ns = _triton.ready()
     flat = x.contiguous().view(-1)
     out = torch.empty_like(flat)
@@ -155,6 +243,22 @@ def mix64_triton(x: torch.Tensor) -> torch.Tensor:
 
 
 def hash_combine_triton(columns: torch.Tensor) -> torch.Tensor:
+    """`hash_combine` with the Triton kernel (CUDA tensors).
+
+    Args:
+        columns: int64 `[k, ...]`, the `k` columns stacked on dim 0.
+
+    Returns:
+        int64 `[...]`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import hash_combine_triton
+
+    hash_combine_triton(torch.tensor([[1, 2], [3, 4]], device="cuda"))
+    ```
+    """
     ns = _triton.ready()
     k = columns.shape[0]
     flat = columns.contiguous().view(k, -1)
@@ -166,6 +270,24 @@ def hash_combine_triton(columns: torch.Tensor) -> torch.Tensor:
 
 
 def hash_bytes_triton(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """`hash_bytes` with the Triton kernel (CUDA tensors).
+
+    Args:
+        data: uint8 `[bytes]`, the concatenated UTF-8 bytes of all strings.
+        offsets: int64 `[n + 1]` offsets into `data`.
+
+    Returns:
+        int64 `[n]` non-negative ids.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import hash_bytes_triton
+
+    data = torch.tensor(list(b"abcd"), dtype=torch.uint8, device="cuda")
+    hash_bytes_triton(data, torch.tensor([0, 2, 4], device="cuda"))
+    ```
+    """
     ns = _triton.ready()
     n = offsets.numel() - 1
     out = torch.empty(n, dtype=torch.int64, device=offsets.device)
@@ -179,18 +301,48 @@ def hash_bytes_triton(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor
 # ---- public entry points ----------------------------------------------------------
 
 def mix64(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64 finalizer of int64 tensor ``x`` (bijective, wraps)."""
+    """The SplitMix64 finalizer of an int64 tensor (bijective, wraps).
+
+    Args:
+        x: an int64 tensor.
+
+    Returns:
+        The int64 hashes, shaped as `x`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import mix64, mix64_numpy
+
+    hashed = mix64(torch.tensor([0, 1, 2]))
+    bool((hashed.numpy() == mix64_numpy(np.array([0, 1, 2]))).all())   # True
+    ```
+    """
     return mix64_triton(x) if use_triton(x) else mix64_reference(x)
 
 
 def table_keys(ids: torch.Tensor, salt: torch.Tensor,
                slot_counts: torch.Tensor) -> torch.Tensor:
-    """``mix64(ids) ^ salt`` of each id's slot, for a slot-major packed batch.
+    """`mix64(ids) ^ salt` of each id's slot, for a slot-major packed batch.
 
     Args:
-        ids: int64 ``[N]``.
-        salt: int64 ``[S]``, one salt per slot.
-        slot_counts: int64 ``[S]``, ids per slot (summing to ``N``).
+        ids: int64 `[N]`.
+        salt: int64 `[S]`, one salt per slot.
+        slot_counts: int64 `[S]`, ids per slot (summing to `N`).
+
+    Returns:
+        int64 `[N]` table keys.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import table_keys
+
+    # Slot 0 holds ids 5, 6; slot 1 holds id 5 again, under another salt.
+    keys = table_keys(torch.tensor([5, 6, 5]), torch.tensor([0, 99]),
+                      torch.tensor([2, 1]))
+    bool(keys[0] != keys[2])   # True
+    ```
     """
     if use_native(ids, salt, slot_counts):
         from reckeras.backend_kernels import cpu_native
@@ -201,7 +353,25 @@ def table_keys(ids: torch.Tensor, salt: torch.Tensor,
 
 
 def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch.Tensor:
-    """Initial values ``[n, dim]`` (float32) of new rows with int64 ``keys``."""
+    """The initial values of new rows, a function of their keys and the seed.
+
+    Args:
+        keys: int64 `[n]` row keys.
+        dim: the row width.
+        scale: the rows are uniform in `[-scale, scale]`.
+        seed: the seed of the table's initial values.
+
+    Returns:
+        float32 `[n, dim]`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import initial_rows
+
+    rows = initial_rows(torch.tensor([7, 8]), 16, 0.25, seed=0)   # [2, 16]
+    ```
+    """
     if use_native(keys):
         from reckeras.backend_kernels import cpu_native
         return cpu_native.initial_rows(keys, dim, scale, seed)
@@ -209,21 +379,69 @@ def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch
 
 
 def hash_combine(columns: torch.Tensor) -> torch.Tensor:
-    """Hash of several int64 columns stacked on dim 0: ``[k, ...] -> [...]``."""
+    """The hash of several int64 columns stacked on dim 0: `[k, ...] -> [...]`.
+
+    Args:
+        columns: int64 `[k, ...]`, the `k` (2 or 3) columns.
+
+    Returns:
+        int64 `[...]`, one crossed id per position.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import hash_combine
+
+    site, ad = torch.tensor([1, 1, 2]), torch.tensor([7, 8, 7])
+    crossed = hash_combine(torch.stack([site, ad]))   # 3 distinct ids
+    ```
+    """
     if use_triton(columns):
         return hash_combine_triton(columns)
     return hash_combine_reference(columns)
 
 
 def hash_bytes(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``hash_strings`` on tensors: uint8 ``data`` and int64 ``[n + 1]`` offsets."""
+    """`hash_strings` on tensors.
+
+    Args:
+        data: uint8 `[bytes]`, the concatenated UTF-8 bytes of all strings.
+        offsets: int64 `[n + 1]` offsets into `data`.
+
+    Returns:
+        int64 `[n]` non-negative ids, equal to `hash_strings`'s.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import hash_bytes
+
+    data = torch.tensor(list(b"abcd"), dtype=torch.uint8)
+    hash_bytes(data, torch.tensor([0, 2, 4]))   # ids of "ab" and "cd"
+    ```
+    """
     if use_triton(offsets):
         return hash_bytes_triton(data, offsets)
     return hash_bytes_reference(data, offsets)
 
 
 def mix64_numpy(x: np.ndarray) -> np.ndarray:
-    """``mix64`` on a numpy int64/uint64 array (same bits as the torch version)."""
+    """`mix64` on a numpy array (the same bits as the torch version).
+
+    Args:
+        x: an int64 or uint64 array.
+
+    Returns:
+        The int64 hashes, shaped as `x`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import mix64_numpy
+
+    mix64_numpy(np.arange(3, dtype=np.int64))
+    ```
+    """
     z = x.astype(np.uint64, copy=False) + np.uint64(GOLDEN % 2**64)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_1 % 2**64)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_2 % 2**64)
@@ -235,10 +453,19 @@ def hash_strings(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
     Args:
         data: uint8 array, the concatenated UTF-8 bytes of all strings.
-        offsets: int array of ``n + 1`` offsets into ``data``.
+        offsets: int array of `n + 1` offsets into `data`.
 
     Returns:
-        int64 array of ``n`` non-negative ids.
+        int64 array of `n` non-negative ids.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import hash_strings
+
+    data = np.frombuffer("ab€".encode(), dtype=np.uint8)
+    hash_strings(data, np.array([0, 2, 5]))   # ids of "ab" and "€"
+    ```
     """
     offsets = offsets.astype(np.int64, copy=False)
     starts, lengths = offsets[:-1], np.diff(offsets)

@@ -1,22 +1,22 @@
 """Multi-head attention over jagged (variable-length) sequences.
 
-A batch of ``B`` sequences is packed without padding: ``q``, ``k`` and ``v``
-are ``[N, H, Dh]`` (``N`` tokens in all, ``H`` heads of ``Dh`` dims) and
-sequence ``b`` holds tokens ``offsets[b]:offsets[b + 1]``. Every token attends
-to the tokens of its own sequence only (with ``causal``, to those at or before
-it), which is the key mask of a padded ``[B, L]`` batch, fused into the kernel.
+A batch of `B` sequences is packed without padding: `q`, `k` and `v`
+are `[N, H, Dh]` (`N` tokens in all, `H` heads of `Dh` dims) and
+sequence `b` holds tokens `offsets[b]:offsets[b + 1]`. Every token attends
+to the tokens of its own sequence only (with `causal`, to those at or before
+it), which is the key mask of a padded `[B, L]` batch, fused into the kernel.
 
-* Triton (CUDA tensors): a flash-attention forward (``_forward_kernel``: one
-  program per block of ``BLOCK_M`` queries of one sequence and head, online
-  softmax over blocks of keys, keys past the sequence's length never loaded)
-  and a backward in two kernels with no atomics (``_backward_kv_kernel``: one
-  program per block of keys accumulates their ``dK``/``dV`` over the queries;
-  ``_backward_q_kernel``: one per block of queries accumulates ``dQ``). Work
-  and memory follow ``N``, not ``B * max_len``: a batch of long-tailed
-  behaviour histories pays nothing for its padding.
+* Triton (CUDA tensors): a flash-attention forward (`_forward_kernel`: one
+  program per block of `FORWARD_BLOCK` queries of one sequence and head,
+  online softmax over blocks of keys, keys past the sequence's length never
+  loaded) and a backward in two kernels with no atomics
+  (`_backward_kv_kernel`: one program per block of keys accumulates their
+  `dK`/`dV` over the queries; `_backward_q_kernel`: one per block of queries
+  accumulates `dQ`). Work and memory follow `N`, not `B * max_len`: a batch
+  of long-tailed behaviour histories pays nothing for its padding.
 * torch reference (CPU tensors): the tokens scattered into padded
-  ``[B, H, L, Dh]`` batches (one per length class, so padding stays below
-  half of the work), ``scaled_dot_product_attention`` with the boolean key
+  `[B, H, L, Dh]` batches (one per length class, so padding stays below
+  half of the work), `scaled_dot_product_attention` with the boolean key
   mask, and gathered back.
 
 Empty sequences have no tokens, so they cost nothing and produce nothing; a
@@ -26,6 +26,7 @@ reach a value or a gradient.
 """
 
 import math
+from typing import Any
 
 import torch
 
@@ -39,7 +40,8 @@ BACKWARD_BLOCK = 32     # keys (queries) of a backward program, and per step
 MAX_HEAD_DIM = 256
 
 
-def _check(q, k, v, offsets):
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           offsets: torch.Tensor) -> None:
     if q.dim() != 3 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"jagged attention needs q, k and v of one shape [N, H, Dh]; "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -48,25 +50,39 @@ def _check(q, k, v, offsets):
                          f"{tuple(offsets.shape)}")
 
 
-def _scale(scale, head_dim):
+def _scale(scale: float | None, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
 # ---- torch reference -------------------------------------------------------------------
 
-def padded_attention_reference(q, k, v, mask, causal=False, scale=None):
+def padded_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               mask: torch.Tensor, causal: bool = False,
+                               scale: float | None = None) -> torch.Tensor:
     """Masked attention over a padded batch, with SDPA.
 
     Args:
-        q, k, v: float ``[B, H, L, Dh]``.
-        mask: bool ``[B, L]``, True at the positions that hold a token; the
+        q: float `[B, H, L, Dh]` queries.
+        k: float `[B, H, L, Dh]` keys.
+        v: float `[B, H, L, Dh]` values.
+        mask: bool `[B, L]`, True at the positions that hold a token; the
             keys of other positions are never attended to.
-        causal: whether position ``i`` attends only to positions ``<= i``.
-        scale: softmax scale; ``1 / sqrt(Dh)`` by default.
+        causal: whether position `i` attends only to positions `<= i`.
+        scale: softmax scale; `1 / sqrt(Dh)` by default.
 
     Returns:
-        ``[B, H, L, Dh]``, zeros at the positions where ``mask`` is False
+        `[B, H, L, Dh]`, zeros at the positions where `mask` is False
         (rows of length 0 included).
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.jagged_attention import padded_attention_reference
+
+    q = k = v = torch.randn(2, 1, 3, 4)
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    out = padded_attention_reference(q, k, v, mask)   # zeros where not mask
+    ```
     """
     length = q.shape[2]
     allowed = mask[:, None, None, :]
@@ -82,13 +98,37 @@ def padded_attention_reference(q, k, v, mask, causal=False, scale=None):
     return out * mask[:, None, :, None].to(out.dtype)
 
 
-def jagged_attention_reference(q, k, v, offsets, max_len, causal=False, scale=None):
-    """``jagged_attention`` with SDPA on padded batches.
+def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               offsets: torch.Tensor, max_len: int, causal: bool = False,
+                               scale: float | None = None) -> torch.Tensor:
+    """`jagged_attention` with SDPA on padded batches.
 
-    Sequences are grouped by length class (lengths in ``(c/2, c]`` for
-    ``c`` a power of two, capped at ``max_len``) and each group is padded to
+    Sequences are grouped by length class (lengths in `(c/2, c]` for
+    `c` a power of two, capped at `max_len`) and each group is padded to
     its class only: a long-tailed batch then pays for about twice its
-    tokens' attention, not for ``B * max_len**2``.
+    tokens' attention, not for `B * max_len**2`.
+
+    Args:
+        q: float `[N, H, Dh]` queries of all sequences, packed.
+        k: float `[N, H, Dh]` keys.
+        v: float `[N, H, Dh]` values.
+        offsets: int64 `[B + 1]`; sequence `b` is tokens
+            `offsets[b]:offsets[b + 1]`.
+        max_len: an upper bound of the sequence lengths.
+        causal: whether a token attends only to itself and earlier tokens.
+        scale: softmax scale; `1 / sqrt(Dh)` by default.
+
+    Returns:
+        `[N, H, Dh]`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.jagged_attention import jagged_attention_reference
+
+    q = k = v = torch.randn(5, 2, 8)              # sequences of 2, 0 and 3 tokens
+    out = jagged_attention_reference(q, k, v, torch.tensor([0, 2, 2, 5]), 3)
+    ```
     """
     _check(q, k, v, offsets)
     num_tokens, heads, head_dim = q.shape
@@ -133,7 +173,7 @@ def jagged_attention_reference(q, k, v, offsets, max_len, causal=False, scale=No
 
 @kernel
 def _tile(ptr, first_token, rows, length, head, heads, head_dim, cols):
-    """The ``[rows, cols]`` tile of one head; zeros past ``length``/``head_dim``."""
+    """The `[rows, cols]` tile of one head; zeros past `length`/`head_dim`."""
     live = (rows < length)[:, None] & (cols < head_dim)[None, :]
     at = ((first_token + rows) * heads + head)[:, None] * head_dim + cols[None, :]
     return tl.load(ptr + at, mask=live, other=0.0)
@@ -141,7 +181,7 @@ def _tile(ptr, first_token, rows, length, head, heads, head_dim, cols):
 
 @kernel
 def _allowed(rows, keys, length, CAUSAL: constexpr):
-    """``[rows, keys]``: key inside the sequence (and not after the query)."""
+    """`[rows, keys]`: key inside the sequence (and not after the query)."""
     allowed = (keys < length)[None, :] & (rows >= 0)[:, None]
     if CAUSAL:
         allowed = allowed & (keys[None, :] <= rows[:, None])
@@ -195,7 +235,7 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, out_ptr, lse_ptr, heads,
 @kernel
 def _probabilities(q, k, lse, rows, keys, length, scale, CAUSAL: constexpr,
                    PRECISION: constexpr):
-    """Recomputed softmax ``[rows, keys]``; zero where not allowed."""
+    """Recomputed softmax `[rows, keys]`; zero where not allowed."""
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     allowed = _allowed(rows, keys, length, CAUSAL) & (rows < length)[:, None]
     return tl.where(allowed, tl.exp(scores - lse[:, None]), 0.0)
@@ -284,7 +324,7 @@ def _backward_q_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, grad_out_ptr, lse_ptr,
 _triton = TritonKernels(globals())
 
 
-def _launch_config(q):
+def _launch_config(q: torch.Tensor) -> tuple[int, str]:
     head_dim = q.shape[2]
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"the Triton jagged attention supports head dims up to "
@@ -296,7 +336,9 @@ def _launch_config(q):
     return max(16, next_power_of_2(head_dim)), precision
 
 
-def _forward_triton(q, k, v, offsets, max_len, causal, scale):
+def _forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    offsets: torch.Tensor, max_len: int, causal: bool,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, heads, head_dim = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=q.device)
@@ -310,7 +352,10 @@ def _forward_triton(q, k, v, offsets, max_len, causal, scale):
     return out, lse
 
 
-def _backward_triton(q, k, v, offsets, max_len, causal, scale, out, lse, grad_out):
+def _backward_triton(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+        max_len: int, causal: bool, scale: float, out: torch.Tensor, lse: torch.Tensor,
+        grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_tokens, heads, head_dim = q.shape
     grad_q, grad_k, grad_v = (torch.empty_like(q) for _ in range(3))
     batch = offsets.numel() - 1
@@ -331,10 +376,43 @@ def _backward_triton(q, k, v, offsets, max_len, causal, scale, out, lse, grad_ou
 
 
 class JaggedAttention(torch.autograd.Function):
-    """The Triton forward and backward as one differentiable op."""
+    """The Triton forward and backward as one differentiable op.
+
+    Call it through `apply` (or `jagged_attention`), with the arguments of
+    `forward` but `ctx`; `scale` must be given.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.jagged_attention import JaggedAttention
+
+    q, k, v = (torch.randn(5, 2, 16, device="cuda", requires_grad=True)
+               for _ in range(3))
+    offsets = torch.tensor([0, 2, 5], device="cuda")
+    out = JaggedAttention.apply(q, k, v, offsets, 3, False, 0.25)
+    out.sum().backward()
+    ```
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, offsets, max_len, causal, scale):
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                offsets: torch.Tensor, max_len: int, causal: bool,
+                scale: float) -> torch.Tensor:
+        """Runs the forward kernel and saves what the backward needs.
+
+        Args:
+            ctx: the autograd context.
+            q: float `[N, H, Dh]` queries (CUDA).
+            k: float `[N, H, Dh]` keys.
+            v: float `[N, H, Dh]` values.
+            offsets: int64 `[B + 1]` sequence offsets.
+            max_len: an upper bound of the sequence lengths.
+            causal: whether a token attends only to itself and earlier ones.
+            scale: the softmax scale.
+
+        Returns:
+            `[N, H, Dh]`.
+        """
         q, k, v, offsets = (t.contiguous() for t in (q, k, v, offsets))
         out, lse = _forward_triton(q, k, v, offsets, max_len, causal, scale)
         ctx.save_for_backward(q, k, v, offsets, out, lse)
@@ -342,32 +420,87 @@ class JaggedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Runs the two backward kernels.
+
+        Args:
+            ctx: the autograd context `forward` filled.
+            grad_out: `[N, H, Dh]`, the gradient of the output.
+
+        Returns:
+            The gradients of `q`, `k` and `v`, then `None` for the other
+            arguments of `forward`.
+        """
         q, k, v, offsets, out, lse = ctx.saved_tensors
         grads = _backward_triton(q, k, v, offsets, ctx.max_len, ctx.causal, ctx.scale,
                                  out, lse, grad_out)
         return (*grads, None, None, None, None)
 
 
-def jagged_attention_triton(q, k, v, offsets, max_len, causal=False, scale=None):
+def jagged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            offsets: torch.Tensor, max_len: int, causal: bool = False,
+                            scale: float | None = None) -> torch.Tensor:
+    """`jagged_attention` with the Triton kernels (CUDA tensors).
+
+    Args:
+        q: float `[N, H, Dh]` queries of all sequences, packed (`Dh` at most
+            `MAX_HEAD_DIM`).
+        k: float `[N, H, Dh]` keys.
+        v: float `[N, H, Dh]` values.
+        offsets: int64 `[B + 1]`; sequence `b` is tokens
+            `offsets[b]:offsets[b + 1]`.
+        max_len: an upper bound of the sequence lengths.
+        causal: whether a token attends only to itself and earlier tokens.
+        scale: softmax scale; `1 / sqrt(Dh)` by default.
+
+    Returns:
+        `[N, H, Dh]`, differentiable in `q`, `k` and `v`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.jagged_attention import jagged_attention_triton
+
+    q = k = v = torch.randn(5, 2, 16, device="cuda")
+    out = jagged_attention_triton(q, k, v, torch.tensor([0, 2, 5], device="cuda"), 3)
+    ```
+    """
     _check(q, k, v, offsets)
     return JaggedAttention.apply(q, k, v, offsets, int(max_len), bool(causal),
                                  _scale(scale, q.shape[-1]))
 
 
-def jagged_attention(q, k, v, offsets, max_len, causal=False, scale=None):
+def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     offsets: torch.Tensor, max_len: int, causal: bool = False,
+                     scale: float | None = None) -> torch.Tensor:
     """Softmax attention within each sequence of a packed batch.
 
+    Runs the Triton kernels on CUDA tensors and the torch reference
+    elsewhere.
+
     Args:
-        q, k, v: float ``[N, H, Dh]``, the tokens of all sequences, packed.
-        offsets: int64 ``[B + 1]``; sequence ``b`` is tokens
-            ``offsets[b]:offsets[b + 1]`` (it may be empty).
+        q: float `[N, H, Dh]`, the queries of all sequences' tokens, packed.
+        k: float `[N, H, Dh]` keys.
+        v: float `[N, H, Dh]` values.
+        offsets: int64 `[B + 1]`; sequence `b` is tokens
+            `offsets[b]:offsets[b + 1]` (it may be empty).
         max_len: an upper bound of the sequence lengths.
         causal: whether a token attends only to itself and earlier tokens.
-        scale: softmax scale; ``1 / sqrt(Dh)`` by default.
+        scale: softmax scale; `1 / sqrt(Dh)` by default.
 
     Returns:
-        ``[N, H, Dh]``, differentiable in ``q``, ``k`` and ``v``.
+        `[N, H, Dh]`, differentiable in `q`, `k` and `v`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.jagged_attention import jagged_attention
+
+    # Two sequences, of 2 and 3 tokens; 2 heads of 8 dims.
+    q, k, v = (torch.randn(5, 2, 8) for _ in range(3))
+    out = jagged_attention(q, k, v, torch.tensor([0, 2, 5]), max_len=3, causal=True)
+    out.shape   # torch.Size([5, 2, 8])
+    ```
     """
     fn = jagged_attention_triton if use_triton(q) else jagged_attention_reference
     return fn(q, k, v, offsets, max_len, causal, scale)
