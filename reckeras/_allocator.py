@@ -4,7 +4,7 @@ A training step on CPU allocates and frees the same large buffers every batch
 (pooled embeddings, activations, their gradients: megabytes each). glibc's
 defaults serve blocks above a dynamic threshold with `mmap` and give them
 back with `munmap` when freed, so every step touches fresh pages and pays a
-page fault per 4 KiB: on the ``wide`` benchmark workload that was a fifth of
+page fault per 4 KiB: on the `wide` benchmark workload that was a fifth of
 the step. This is why PyTorch's CPU performance guide suggests jemalloc or
 tcmalloc; reckeras gets the same effect from glibc itself with three
 `mallopt` settings, applied once when reckeras is imported:

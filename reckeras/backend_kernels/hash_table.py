@@ -236,7 +236,8 @@ def find_reference(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     Example:
 
     ```python
-    from reckeras.backend_kernels.hash_table import find_or_insert_reference, find_reference, new_slots
+    from reckeras.backend_kernels.hash_table import (find_or_insert_reference,
+                                                     find_reference, new_slots)
 
     slot_keys, slot_rows = new_slots(16)
     find_or_insert_reference(slot_keys, slot_rows, torch.tensor([9]), 0)
