@@ -8,7 +8,8 @@ from elsewhere are checked where they are defined), checks:
 
 * the docstring exists (module docstrings too);
 * it has no reStructuredText double-backtick literals and no `>>>` doctest
-  prompts (examples are ```python blocks under `Example:`);
+  prompts (examples are ```python blocks under `Example:`; the backticks of
+  a fence are not a literal);
 * it has an `Args:` section when the signature takes parameters other than
   `self`/`cls`/`*args`/`**kwargs`; for a class, the parameters are those of
   its `__init__` and the section is in the class docstring, as in Keras;
@@ -29,8 +30,15 @@ and by the class docstring (`Call arguments:`, `Input shape:`), so like in
 Keras's own layers it needs neither a docstring nor an `Args:` section. Its
 signature still needs type hints, and a docstring it has follows the style.
 
-Every test is parametrized by module, so a failure names the module, and its
-message lists every offending object with what is wrong.
+`Returns:` and `Example:` sections are left to review: whether a function
+returns something worth a section, or an object deserves an example, is not
+read off its signature.
+
+A module that does not import fails `test_module_imports` (and its other
+tests); a package that does not import fails `test_walk_imports_every_package`
+(the walk cannot list its modules). Every test is parametrized by module, so a
+failure names the module, and its message lists every offending object with
+what is wrong.
 """
 
 import importlib
