@@ -338,7 +338,9 @@ class RowCache:
         self.host.weights[rows] = self.weights.index_select(0, device_slots).to(
             self.host.device)
         self.host.state[rows] = self.state.index_select(0, device_slots).to(self.host.device)
-        self.dirty[slots] = False
+        # A pinned slot's update is still to come (its lookup's backward, or a
+        # deferred apply): it stays dirty, or that update would never reach the host.
+        self.dirty[slots] = self.pins.index_select(0, slots) > 0
         self.counters["rows_out"] += slots.numel()
 
     def _load(self, victims, rows, for_step):

@@ -2,38 +2,50 @@
 
 One engine serves one ShardedEmbedding layer. Per batch it (1) derives each
 id's slot, example and pooling weight from the offsets, (2) turns ids into
-table keys (``mix64(id) ^ salt(table)``), (3) resolves keys to rows of the
+table keys (`mix64(id) ^ salt(table)`), (3) resolves keys to rows of the
 physical tables (creating rows for new ids while training), (4) dedups the
 rows, and (5) runs the fused pooled lookup, whose backward aggregates one
 gradient per unique row and applies the sparse optimizer to those rows.
 
 Step (3) is where rows live. In one process it is a local hash lookup. With
-several ranks, every row is owned by the rank ``sharding.owner_of(key)``: the
-batch's unique keys are routed to their owners (``comm``), the owners resolve
+several ranks, every row is owned by the rank `sharding.owner_of(key)`: the
+batch's unique keys are routed to their owners (`comm`), the owners resolve
 and send back the rows, and in backward the gradients travel the same route
 to the owners, which sum them over all ranks, divide by the world size (each
 rank's loss is a mean over its own examples) and run the optimizer.
 
-Every physical table's rows live in one row store (``table.RowStore``):
-a ``PhysicalTable`` on the device, or a ``cache.HostCachedTable`` whose rows
-live in host memory and whose lookups and optimizer run on a device cache of
-the hot ones (on the owner side in distributed mode: each rank caches the
-rows it owns); a ``lifecycle.RowLifecycle`` wraps either to admit and evict
-rows. The engine only resolves keys to rows of the store and runs the
-lookup and the optimizer on the store's ``weights``/``state``. ``prefetch``
-loads a later batch's rows into the caches ahead of its step.
+Every physical table's rows live in one row store (`table.RowStore`): a
+`PhysicalTable` on the device, or a `cache.HostCachedTable` whose rows live
+in host memory and whose lookups and optimizer run on a device cache of the
+hot ones (on the owner side in distributed mode: each rank caches the rows it
+owns); a `lifecycle.RowLifecycle` wraps either to admit and evict rows. The
+engine only resolves keys to rows of the store and runs the lookup and the
+optimizer on the store's `weights`/`state`. `prefetch` loads a later
+batch's rows into the caches ahead of its step.
 
-With several ranks, ``route_ahead`` plans a coming batch's routes (its keys'
+With several ranks, `route_ahead` plans a coming batch's routes (its keys'
 dedup and their exchange to the owners) beside the running step (the
-pipeline's sparse-dist stage) and returns them as a ``RoutedBatch``, which
-travels with its batch: the step passes it to ``lookup(..., routed=...)``.
+pipeline's sparse-dist stage) and returns them as a `RoutedBatch`, which
+travels with its batch: the step passes it to `lookup(..., routed=...)`.
 The keys' owners resolve them to rows only in the step, so training is the
 same either way.
+
+Inside `deferred_updates`, backward applies nothing: each lookup's update
+(and, with several ranks, its gradient exchange to the owners) waits in a
+`DeferredUpdates` until the caller has checked that the step is finite, and
+then runs, or is dropped. No backward reads a table row (the forward copied
+what it pooled), so updates applied after backward give the same rows, bit
+for bit, as updates applied during it.
 """
 
+from __future__ import annotations
+
+import contextlib
 import dataclasses
 import functools
+from typing import Iterator
 
+import numpy as np
 import torch
 
 from reckeras import distributed, ragged
@@ -43,6 +55,7 @@ from reckeras.backend_kernels.pooling import PooledLookup
 from reckeras.embedding.cache import HostCachedTable
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter
 from reckeras.embedding.lifecycle import RowLifecycle
+from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.sharding import owner_of
 from reckeras.embedding.table import PhysicalTable
 
@@ -50,18 +63,34 @@ MEAN, SQRTN = 1, 2
 
 
 class EmbeddingEngine:
-    """Tables and the per-batch lookup of one embedding layer (one process).
+    """Tables and the per-batch lookup of one embedding layer (this rank's share).
 
     Args:
-        packing: the ``PackingPlan`` of the layer's features.
-        init_scale: new rows are uniform in ``[-init_scale, init_scale]``;
-            None means ``1 / sqrt(dim)`` of each table.
+        packing: the `PackingPlan` of the layer's features.
+        init_scale: new rows are uniform in `[-init_scale, init_scale]`;
+            None means `1 / sqrt(dim)` of each table.
         seed: seed of the rows' initial values.
-        cache_device: device of the ``host_cached`` tables' caches (default:
+        cache_device: device of the `host_cached` tables' caches (default:
             CUDA when available, else CPU).
+
+    Example:
+
+    ```python
+    plan = rk.features.plan.TransformPlan(specs)
+    engine = EmbeddingEngine(PackingPlan(plan.slots, plan.sparse_in_declaration_order))
+    engine.set_optimizer(rk.optimizers.RowWiseAdagrad(0.05))
+    sparse = plan.packed_sparse(raw_inputs)
+    with engine.deferred_updates() as updates:
+        (pooled, _), = engine.lookup(sparse["ids"], sparse["offsets"], training=True)
+        loss = model_loss(pooled)
+        loss.backward()                      # queues the table updates
+        if bool(torch.isfinite(loss) & updates.finite()):
+            updates.apply()                  # else they are dropped on exit
+    ```
     """
 
-    def __init__(self, packing, init_scale=None, seed=0, cache_device=None):
+    def __init__(self, packing: PackingPlan, init_scale: float | None = None,
+                 seed: int = 0, cache_device: str | torch.device | None = None):
         self.packing = packing
         cache_device = cache_device or ("cuda" if torch.cuda.is_available() else "cpu")
         # One row store per physical table (distinct dim), in packing order.
@@ -76,6 +105,8 @@ class EmbeddingEngine:
         self.world = None
         self.requests = 0      # unique keys this rank's tables served, all batches
         self._layout = (None, None)    # (key, layout), see _one_id_per_bag_layout
+        self._deferred = None          # the open DeferredUpdates, see deferred_updates
+        self._device = torch.device("cpu")     # of the latest lookup's ids
 
     def _store(self, group, init_scale, seed, cache_device):
         plan = self.packing
@@ -90,22 +121,74 @@ class EmbeddingEngine:
             store = RowLifecycle(store, options)
         return store
 
+    # ---- tables -------------------------------------------------------------------
+
     @property
-    def has_host_cached(self):
-        """Whether any physical table is ``host_cached`` (only then has
-        ``prefetch`` anything to do)."""
+    def has_host_cached(self) -> bool:
+        """Whether any physical table is `host_cached` (only then has
+        `prefetch` anything to do)."""
         return any(store.storage == "host_cached" for store in self.tables)
 
     @property
-    def caches(self):
-        """The device tier (``cache.RowCache``) of each ``host_cached`` table,
+    def caches(self) -> list:
+        """The device tier (`cache.RowCache`) of each `host_cached` table,
         None for the others: to inspect a cache (tests, benchmarks)."""
         return [(store.store if isinstance(store, RowLifecycle) else store).cache
                 if store.storage == "host_cached" else None for store in self.tables]
 
-    def connect(self):
+    def export_tables(self) -> list[dict[str, np.ndarray]]:
+        """A copy of every physical table this rank holds.
+
+        A `host_cached` table writes its cache back first, so the arrays hold
+        every row's newest value.
+
+        Returns:
+            One `{"keys", "weights", "state"}` dict of numpy arrays per
+            physical table, in `tables` order (`RowStore.export`).
+
+        Example:
+
+        ```python
+        snapshot = engine.export_tables()
+        ...                                  # train on
+        engine.load_tables(snapshot)         # the tables as they were
+        ```
+        """
+        return [store.export() for store in self.tables]
+
+    def load_tables(self, tables: list[dict]) -> None:
+        """Replaces every physical table by what `export_tables` returned.
+
+        A `host_cached` table's cache empties (its copies are void).
+
+        Args:
+            tables: one `{"keys", "weights", "state"}` dict per physical
+                table, in `tables` order.
+
+        Raises:
+            ValueError: a count or row width that is not this engine's; no
+                table is changed then.
+        """
+        if len(tables) != len(self.tables):
+            raise ValueError(f"{len(tables)} tables given, the embedding layer has "
+                             f"{len(self.tables)} (one per distinct dim)")
+        for store, arrays in zip(self.tables, tables):
+            shape = np.shape(arrays["weights"])
+            if len(shape) != 2 or shape[1] != store.dim:
+                raise ValueError(f"table {store.name} cannot load weights of shape "
+                                 f"{shape}: its rows have {store.dim} values")
+        for store, arrays in zip(self.tables, tables):
+            store.load(arrays)
+
+    # ---- setup --------------------------------------------------------------------
+
+    def connect(self) -> FlatRouter | HierarchicalRouter | None:
         """Joins the world once: checks that all ranks declare the same tables
-        and plans the routes. Returns the router (None in one process)."""
+        and plans the routes.
+
+        Returns:
+            The router (None in one process).
+        """
         if self.world is None:
             self.world = distributed.world()
             if self.world.size > 1:
@@ -117,7 +200,12 @@ class EmbeddingEngine:
                                     self.world.ranks_per_node, self.world.timeout_s)
         return self._router
 
-    def set_optimizer(self, optimizer):
+    def set_optimizer(self, optimizer) -> None:
+        """Sets the sparse optimizer and lays out every row's state for it.
+
+        Args:
+            optimizer: an `rk.optimizers.SparseOptimizer`.
+        """
         self.optimizer = optimizer
         initial = getattr(optimizer, "initial_accumulator_value", 0.0)
         for store in self.tables:
@@ -129,30 +217,36 @@ class EmbeddingEngine:
                                "model with embedding_optimizer=... before training")
         return self.optimizer
 
-    def _apply_row_grads(self, store, rows, grads, pin=None):
-        self._checked_optimizer().apply(store.weights, store.state, rows, grads)
-        if pin is not None:
-            pin.release()
+    # ---- the step -----------------------------------------------------------------
 
-    def lookup(self, ids, offsets, training, routed=None):
+    def lookup(self, ids: torch.Tensor, offsets: torch.Tensor, training: bool,
+               routed: RoutedBatch | None = None) -> list:
         """Embeddings of a packed batch, per physical table (dim).
 
+        While training, the backward of the outputs updates the rows they
+        read (now, or inside `deferred_updates` when the caller applies).
+
         Args:
-            ids: int64 ``[N]`` transformed ids.
-            offsets: int64 ``[S * B + 1]`` bag offsets.
+            ids: int64 `[N]` transformed ids.
+            offsets: int64 `[S * B + 1]` bag offsets.
             training: create rows for new ids (else unseen ids read zeros).
-            routed: the ``RoutedBatch`` that ``route_ahead`` returned for this
-                very batch (the same ``ids`` and ``offsets`` tensors and
-                ``training``), or None to route the keys here.
+            routed: the `RoutedBatch` that `route_ahead` returned for this
+                very batch (the same `ids` and `offsets` tensors and
+                `training`), or None to route the keys here.
 
         Returns:
-            One ``(pooled, sequences)`` per physical table: ``pooled`` is
-            ``[B, P, D]`` (or None) and ``sequences`` maps each unpooled
-            sequence feature to ``[B, L, D]`` (see ``packing.GroupLayout``).
+            One `(pooled, sequences)` per physical table: `pooled` is
+            `[B, P, D]` (or None) and `sequences` maps each unpooled
+            sequence feature to `[B, L, D]` (see `packing.GroupLayout`).
+
+        Raises:
+            RuntimeError: `routed` was planned for another batch, layer or
+                training flag (before any row is created).
         """
         plan = self.packing
         if routed is not None:
             self._check_routed(routed, ids, offsets, training)
+        self._device = ids.device
         batch, slot_ids, per_id = self._slots_of(ids, offsets)
         keys = routed.keys if routed else \
             table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
@@ -187,22 +281,89 @@ class EmbeddingEngine:
             outputs.append(layout.split(flat, batch))
         return outputs
 
-    def route_ahead(self, ids, offsets, training):
+    @contextlib.contextmanager
+    def deferred_updates(self) -> Iterator[DeferredUpdates]:
+        """Holds back the table updates of the backward passes run inside it.
+
+        Inside the block, the backward of this engine's lookups queues each
+        update (the optimizer step on the rows, and with several ranks the
+        gradient exchange to the owners before it) and changes no row, no
+        optimizer state and nothing on another rank. The caller checks
+        `finite()`, agrees with the other ranks, and then `apply()`s (every
+        rank, in the same order, since the exchanges are collectives) or
+        `discard()`s. Leaving the block discards what is still queued and
+        unpins the cached rows it held. Outside the block updates run inside
+        backward, as plain torch loops expect.
+
+        For a finite step, deferred updates give the same rows and state,
+        bit for bit, as immediate ones: no backward reads a table row.
+
+        Returns:
+            A context manager yielding the `DeferredUpdates`.
+
+        Raises:
+            RuntimeError: a deferral is already open on this engine.
+
+        Example:
+
+        ```python
+        with engine.deferred_updates() as updates:
+            loss.backward()
+            ok = torch.isfinite(loss) & updates.finite()   # no host sync yet
+            if world_size > 1:                              # every rank agrees
+                ok = ok.to(torch.int32)
+                torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
+            if bool(ok):
+                updates.apply()
+        ```
+        """
+        if self._deferred is not None:
+            raise RuntimeError("deferred_updates is already open on this embedding "
+                               "engine; apply or discard the open one first")
+        updates = DeferredUpdates(self)
+        self._deferred = updates
+        try:
+            yield updates
+        finally:
+            self._deferred = None
+            updates.discard()
+
+    def _update(self, checked, update, pin):
+        """Runs a lookup's `update` now, or queues it in the open deferral
+        with the finiteness of `checked` (the gradients it would apply)."""
+        self._checked_optimizer()           # fail in backward, as without deferral
+        deferred = self._deferred
+        if deferred is None:
+            update()
+            if pin is not None:
+                pin.release()
+        else:
+            deferred._queue(torch.isfinite(checked).all(), update, pin)
+
+    def _apply_row_grads(self, store, rows, grads):
+        self._checked_optimizer().apply(store.weights, store.state, rows, grads)
+
+    def route_ahead(self, ids: torch.Tensor, offsets: torch.Tensor,
+                    training: bool) -> RoutedBatch:
         """Plans the routes of a coming batch (several ranks only).
 
         Runs on the pipeline's sparse-dist thread while an earlier step runs:
         dedups the batch's keys per table and sends them to their owners (in
         process groups of its own). Every rank must plan the same batches in
-        the same order; the step hands the result to ``lookup`` of the same
-        batch (``routed=``).
+        the same order; the step hands the result to `lookup` of the same
+        batch (`routed=`).
 
         Args:
-            ids: int64 ``[N]`` transformed ids of the coming batch.
-            offsets: int64 ``[S * B + 1]`` its bag offsets.
+            ids: int64 `[N]` transformed ids of the coming batch.
+            offsets: int64 `[S * B + 1]` its bag offsets.
             training: whether its lookup trains (lifecycle tags travel).
 
         Returns:
-            The ``RoutedBatch`` that ``lookup`` of the same batch will use.
+            The `RoutedBatch` to pass to `lookup(ids, offsets, training,
+            routed=...)` with these same `ids` and `offsets` tensors.
+
+        Raises:
+            RuntimeError: in one process (there is nothing to route).
         """
         if self.connect() is None:
             raise RuntimeError("route_ahead needs several ranks")
@@ -226,16 +387,16 @@ class EmbeddingEngine:
                 "lookup the RoutedBatch that route_ahead returned for its own ids "
                 "and offsets tensors")
 
+    def release_pins(self) -> None:
+        """Unpins every cached row: lookups whose step failed before its
+        update would otherwise keep their rows from being evicted."""
+        for store in self.tables:
+            store.release_pins()
+
     def _group_layout(self, offsets, batch, per_id, ids):
         if self.packing.has_sequences:
             return self._id_layout(offsets, batch, per_id, ids.numel(), ids.device)
         return self._one_id_per_bag_layout(batch, per_id, ids.device)
-
-    def release_pins(self):
-        """Unpins every cached row: lookups whose step failed before its
-        backward would otherwise keep their rows from being evicted."""
-        for store in self.tables:
-            store.release_pins()
 
     def _id_layout(self, offsets, batch, per_id, num_ids, device):
         """Per group: ``(chosen, tags, weight, destination)`` of its ids.
@@ -303,7 +464,7 @@ class EmbeddingEngine:
 
         return batch, slot_ids, per_id
 
-    def prefetch(self, ids, offsets):
+    def prefetch(self, ids: torch.Tensor, offsets: torch.Tensor) -> None:
         """Loads the rows a coming batch will read into the device caches.
 
         Runs beside the current step (a pipeline thread): it creates no row
@@ -312,8 +473,8 @@ class EmbeddingEngine:
         rows among the batch's (other ranks' requests load in their step).
 
         Args:
-            ids: int64 ``[N]`` transformed ids of the coming batch.
-            offsets: int64 ``[S * B + 1]`` its bag offsets.
+            ids: int64 `[N]` transformed ids of the coming batch.
+            offsets: int64 `[S * B + 1]` its bag offsets.
         """
         if not self.has_host_cached or ids.numel() == 0:
             return
@@ -346,12 +507,14 @@ class EmbeddingEngine:
         unique_index[present] = position
         values = torch.cat([store.weights[unique],
                             store.weights.new_zeros(1, store.dim)])
-        apply = functools.partial(self._apply_row_grads_dropping_last, store, unique, pin)
+        apply = functools.partial(self._update_dropping_last, store, unique, pin)
         return values, torch.arange(values.shape[0], device=values.device), unique_index, \
             apply
 
-    def _apply_row_grads_dropping_last(self, store, rows, pin, _, grads):
-        self._apply_row_grads(store, rows, grads[:-1], pin)
+    def _update_dropping_last(self, store, rows, pin, _, grads):
+        grads = grads[:-1]              # the zero row of the ids without one
+        self._update(grads, functools.partial(self._apply_row_grads, store, rows, grads),
+                     pin)
 
     def _route(self, group, keys, tags, training, ahead):
         """``(unique_index, route)``: the keys deduplicated, and the route of
@@ -370,16 +533,22 @@ class EmbeddingEngine:
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
                                    store.weights[owner_rows.clamp(min=0)], 0.0)
         values = route.rows_to_requesters(owner_values)
-        apply = functools.partial(self._apply_remote_grads, store, route, owner_rows, pin)
-        return values, torch.arange(values.shape[0]), apply, pin
+        apply = functools.partial(self._update_remote, store, route, owner_rows, pin)
+        return values, torch.arange(values.shape[0], device=values.device), apply, pin
 
-    def _apply_remote_grads(self, store, route, owner_rows, pin, _, grads):
+    def _update_remote(self, store, route, owner_rows, pin, _, grads):
+        # This rank's gradients before the exchange: each rank checks its own
+        # and the caller agrees across ranks, so all exchange or none does.
+        self._update(grads, functools.partial(self._apply_remote_grads, store, route,
+                                              owner_rows, grads), pin)
+
+    def _apply_remote_grads(self, store, route, owner_rows, grads):
         owner_grads = route.grads_to_owners(grads) / self.world.size
         present = (owner_rows >= 0).nonzero().squeeze(1)
         unique, position = unique_rows(owner_rows[present], store.row_bound)
         summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
         summed.index_add_(0, position, owner_grads[present])
-        self._apply_row_grads(store, unique, summed, pin)
+        self._apply_row_grads(store, unique, summed)
 
     def _pooling_weight(self, offsets, bag, per_id, num_ids, device):
         if not self.packing.has_sequences:
@@ -389,18 +558,31 @@ class EmbeddingEngine:
         return torch.where(combiner == MEAN, 1.0 / length,
                            torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
 
-    def stats(self):
-        """This rank's tables: rows, bytes held, and requests served so far;
-        ``host_cached`` tables add their cache's figures (``RowCache.stats``)
-        under ``"cache"``."""
+    def stats(self) -> dict:
+        """This rank's tables: rows, bytes held, and requests served so far.
+
+        Returns:
+            `{"requests": int, "tables": [RowStore.stats() per table]}`;
+            `host_cached` tables add their cache's figures
+            (`RowCache.stats`) under `"cache"`.
+        """
         return {"requests": self.requests,
                 "tables": [store.stats() for store in self.tables]}
 
 
 @dataclasses.dataclass
 class RoutedBatch:
-    """A batch's keys and, per physical table, ``(unique_index, route)``,
-    planned by ``EmbeddingEngine.route_ahead`` of ``engine``."""
+    """The routes `EmbeddingEngine.route_ahead` planned for one batch.
+
+    Args:
+        engine: the engine that planned them (and must look the batch up).
+        ids: the batch's ids tensor (the very object `lookup` receives).
+        offsets: its offsets tensor (likewise).
+        training: whether the lookup trains.
+        keys: int64 table keys of the ids.
+        routes: per physical table, `(unique_index, route)`: each key's
+            position among the batch's unique keys, and their route.
+    """
 
     engine: EmbeddingEngine
     ids: torch.Tensor
@@ -410,10 +592,82 @@ class RoutedBatch:
     routes: list
 
 
+class DeferredUpdates:
+    """The table updates one engine's backward queued, not applied yet.
+
+    Made by `EmbeddingEngine.deferred_updates`; updates run in the order
+    backward queued them. Each rank checks only its own gradients: with
+    several ranks the caller must combine the flags across ranks, so that
+    every rank applies (and joins the gradient exchanges) or none does.
+
+    Args:
+        engine: the engine whose lookups queue here.
+
+    Example:
+
+    ```python
+    with engine.deferred_updates() as updates:
+        loss.backward()
+        if bool(updates.finite()):
+            updates.apply()
+    ```
+    """
+
+    def __init__(self, engine: EmbeddingEngine):
+        self._engine = engine
+        self._pending = []          # (update, pin), in backward order
+        self._flags = []            # one 0-d bool per update queued in the block
+
+    def _queue(self, finite, update, pin):
+        self._flags.append(finite)
+        self._pending.append((update, pin))
+
+    def finite(self) -> torch.Tensor:
+        """Whether every update queued in the block had finite gradients.
+
+        It covers what each update would apply: the pooled output gradient
+        of a fused update, the row gradients otherwise, and with several
+        ranks this rank's gradients before their exchange. Updates already
+        applied or discarded still count, so the answer stays the same
+        after `discard()`.
+
+        Returns:
+            A 0-d bool tensor on the gradients' device (no host sync); True
+            when nothing was queued (on the device of the engine's latest
+            lookup).
+        """
+        if not self._flags:
+            return torch.ones((), dtype=torch.bool, device=self._engine._device)
+        device = self._flags[0].device
+        return torch.stack([flag.to(device) for flag in self._flags]).all()
+
+    def apply(self) -> None:
+        """Runs the queued updates, in order, and unpins their rows.
+
+        With several ranks it runs their gradient exchanges (collectives):
+        every rank must call it at the same point.
+        """
+        while self._pending:
+            update, pin = self._pending.pop(0)
+            try:
+                update()
+            finally:
+                if pin is not None:
+                    pin.release()
+
+    def discard(self) -> None:
+        """Drops the queued updates: no row, state or rank changes; their
+        cached rows are unpinned."""
+        pending, self._pending = self._pending, []
+        for _, pin in pending:
+            if pin is not None:
+                pin.release()
+
+
 class _RowUpdate:
     """PooledLookup's backward hook for the rows of one local table.
 
-    ``apply_pooled`` hands the pooled gradient to the optimizer, which (on
+    `apply_pooled` hands the pooled gradient to the optimizer, which (on
     CUDA, or with the native CPU kernels) aggregates it per row and updates
     the rows in one pass.
     """
@@ -422,11 +676,16 @@ class _RowUpdate:
         self.engine, self.store, self.pin = engine, store, pin
 
     def __call__(self, rows, grads):
-        self.engine._apply_row_grads(self.store, rows, grads, self.pin)
+        self.engine._update(grads, functools.partial(
+            self.engine._apply_row_grads, self.store, rows, grads), self.pin)
 
     def apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
+        self.engine._update(grad_out, functools.partial(
+            self._apply_pooled, rows, grad_out, unique_index, destination, id_weight),
+            self.pin)
+
+    def _apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
+        # The store's arrays are read now: they may have grown since the lookup.
         self.engine._checked_optimizer().apply_pooled(
             self.store.weights, self.store.state, rows, grad_out, unique_index,
             destination, id_weight)
-        if self.pin is not None:
-            self.pin.release()

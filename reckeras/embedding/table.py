@@ -187,7 +187,7 @@ class RowStore(abc.ABC):
 
     @abc.abstractmethod
     def export(self) -> dict[str, np.ndarray]:
-        """Every row this store holds, with its newest value.
+        """A copy of every row this store holds, with its newest value.
 
         Returns:
             `{"keys": int64 [n], "weights": float32 [n, dim],
@@ -449,15 +449,16 @@ class PhysicalTable(RowStore):
     # ---- checkpoints and compaction --------------------------------------------------
 
     def export(self) -> dict[str, np.ndarray]:
-        """The live rows (see `RowStore.export`).
+        """A copy of the live rows (see `RowStore.export`).
 
         Returns:
             `{"keys", "weights", "state"}` numpy arrays.
         """
         n = self.num_rows
-        return {"keys": self.keys[:n].cpu().numpy(),
-                "weights": self.weights[:n].cpu().numpy(),
-                "state": self.state[:n].cpu().numpy()}
+        # A copy even on the CPU: a snapshot must not follow later updates.
+        return {name: values[:n].to("cpu", copy=True).numpy()
+                for name, values in (("keys", self.keys), ("weights", self.weights),
+                                     ("state", self.state))}
 
     def load(self, arrays: dict) -> None:
         """Replaces the content with exported arrays (see `RowStore.load`).
