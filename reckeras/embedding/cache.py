@@ -256,9 +256,9 @@ class RowCache:
                 f"(or cache_bytes to {needed * self.row_bytes(self.state.shape[1])})")
 
     def _ensure(self, rows, for_step):
-        """Slots of ``rows`` (-1 stays -1), loading the rows not cached.
+        """Slots of `rows` (-1 stays -1), loading the rows not cached.
 
-        A step gets every row (``check_fits`` made room certain); a prefetch
+        A step gets every row (`check_fits` made room certain); a prefetch
         loads what fits without evicting protected slots.
         """
         slots = torch.full_like(rows, -1)
@@ -311,8 +311,8 @@ class RowCache:
         c["unique_lookups"] += distinct_hits + distinct_prefetched + num_missing
 
     def _victims(self, count, protected, evict_last):
-        """Up to ``count`` unprotected slots to reuse: free slots first, then
-        by policy, slots in ``evict_last`` (if given) only when needed."""
+        """Up to `count` unprotected slots to reuse: free slots first, then
+        by policy, slots in `evict_last` (if given) only when needed."""
         if self.policy == "lfu":
             score = self.frequency.index_select(0, self.slot_row.clamp(min=0))
         else:

@@ -9,18 +9,21 @@ Layout of a checkpoint directory::
                                        L{L}.T{T}.keys / .weights / .state
 
 Loading on M ranks: every rank reads every table file and keeps the keys it
-owns under M ranks (``sharding.owner_of``), so any N -> M works.
+owns under M ranks (`sharding.owner_of`), so any N -> M works.
 
-Writes are atomic: all ranks write into ``<path>.tmp``; then rank 0 moves the
-previous checkpoint to ``<path>.old``, renames ``<path>.tmp`` to ``<path>`` and
-deletes ``<path>.old``. A crash at any point leaves a complete checkpoint at
-``<path>`` or, in the instant between the two renames, at ``<path>.old``,
-which ``load_checkpoint`` falls back to.
+Writes are atomic: all ranks write into `<path>.tmp`; then rank 0 moves the
+previous checkpoint to `<path>.old`, renames `<path>.tmp` to `<path>` and
+deletes `<path>.old`. A crash at any point leaves a complete checkpoint at
+`<path>` or, in the instant between the two renames, at `<path>.old`,
+which `load_checkpoint` falls back to.
 """
+
+from __future__ import annotations
 
 import json
 import os
 import shutil
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,12 +68,18 @@ def _dense_variables(model):
     return variables
 
 
-def save_checkpoint(model, path):
+def save_checkpoint(model: Any, path: str | os.PathLike) -> None:
     """Saves dense weights, tables and both optimizers' state (all ranks call it).
 
     Args:
-        model: an ``rk.Model``.
+        model: an `rk.Model`.
         path: checkpoint directory (on a filesystem all ranks share).
+
+    Example:
+
+    ```python
+    save_checkpoint(model, "ckpt/epoch3")    # what model.save_checkpoint runs
+    ```
     """
     world = distributed.world()
     path = os.fspath(path)
@@ -81,8 +90,8 @@ def save_checkpoint(model, path):
     _barrier()
     tables = {}
     for l, layer in enumerate(model.embedding_layers):
-        for t, table in enumerate(layer.tables):
-            for name, array in table.export().items():
+        for t, arrays in enumerate(layer.engine.export_tables()):
+            for name, array in arrays.items():
                 tables[f"L{l}.T{t}.{name}"] = torch.from_numpy(np.ascontiguousarray(array))
     _write(tables, os.path.join(tmp, _table_file(world.rank, world.size)))
     if world.is_main:
@@ -92,7 +101,8 @@ def save_checkpoint(model, path):
         index = {"format_version": FORMAT_VERSION, "world_size": world.size,
                  "table_files": [_table_file(r, world.size) for r in range(world.size)],
                  "layers": [[{"dim": t.dim, "state_width": t.state.shape[1]}
-                             for t in layer.tables] for layer in model.embedding_layers]}
+                             for t in layer.engine.tables]
+                            for layer in model.embedding_layers]}
         with open(os.path.join(tmp, "index.json"), "w") as f:
             json.dump(index, f, indent=1)
             f.flush()
@@ -110,18 +120,18 @@ def save_checkpoint(model, path):
     _barrier()
 
 
-def load_checkpoint(model, path):
-    """Loads a checkpoint saved on any number of ranks into ``model``.
+def load_checkpoint(model: Any, path: str | os.PathLike) -> None:
+    """Loads a checkpoint saved on any number of ranks into `model`.
 
     The model must be built with the same features and compiled (its Keras
     optimizer's state is restored too). Every rank calls it.
 
     Args:
-        model: an ``rk.Model``.
+        model: an `rk.Model`.
         path: checkpoint directory.
 
     Raises:
-        FileNotFoundError: no complete checkpoint at ``path``.
+        FileNotFoundError: no complete checkpoint at `path`.
         ValueError: the checkpoint's tables do not match the model's.
     """
     path = os.fspath(path)
@@ -135,7 +145,7 @@ def load_checkpoint(model, path):
     if index.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"checkpoint {path!r} has format {index.get('format_version')}, "
                          f"this reckeras reads {FORMAT_VERSION}")
-    expected = [[t.dim for t in layer.tables] for layer in model.embedding_layers]
+    expected = [[t.dim for t in layer.engine.tables] for layer in model.embedding_layers]
     found = [[t["dim"] for t in layer] for layer in index["layers"]]
     if expected != found:
         raise ValueError(f"checkpoint {path!r} holds tables of dims {found}, the model "
@@ -144,11 +154,13 @@ def load_checkpoint(model, path):
     parts = [load_file(os.path.join(path, name)) for name in index["table_files"]]
     world = distributed.world()
     for l, layer in enumerate(model.embedding_layers):
-        for t, table in enumerate(layer.tables):
+        tables = []
+        for t in range(len(layer.engine.tables)):
             arrays = {name: torch.cat([p[f"L{l}.T{t}.{name}"] for p in parts])
                       for name in ("keys", "weights", "state")}
             mine = owner_of(arrays["keys"], world.size) == world.rank
-            table.load({name: value[mine].numpy() for name, value in arrays.items()})
+            tables.append({name: value[mine].numpy() for name, value in arrays.items()})
+        layer.engine.load_tables(tables)
     _barrier()
 
 

@@ -5,24 +5,26 @@ unique keys; it carries the keys to the ranks that own them and then serves
 two transfers along the same paths: rows back to the requesters (forward)
 and gradients to the owners (backward).
 
-* ``FlatRouter``: one all-to-all over all ranks.
-* ``HierarchicalRouter`` (RecIS): ranks are grouped into nodes. Keys first
+* `FlatRouter`: one all-to-all over all ranks.
+* `HierarchicalRouter` (RecIS): ranks are grouped into nodes. Keys first
   move inside the node to the rank whose local index matches the owner's, are
   deduplicated there across the node's ranks, and then cross nodes once per
   unique key per node, among the ranks of one local index. Rows come back the
   same way; gradients go the same way and are summed per unique key on the
   node before they cross.
 
-Both count the bytes they send to other nodes (``internode_bytes``), so the
+Both count the bytes they send to other nodes (`internode_bytes`), so the
 two can be compared on the same batches.
 
-A route can be planned *ahead* (``route(..., ahead=True)``): the pipeline's
+A route can be planned *ahead* (`route(..., ahead=True)`): the pipeline's
 sparse-dist stage plans batch i+1's route on its own thread while step i
 runs. Its keys then travel in process groups of their own, because the
 collectives of one group must come in the same order on every rank and step
 i's row and gradient exchanges run meanwhile; rows and gradients always
 travel in the step's groups.
 """
+
+from __future__ import annotations
 
 import datetime
 
@@ -34,9 +36,25 @@ from reckeras.embedding.sharding import owner_of
 
 
 class Exchange:
-    """All-to-all with uneven splits inside one process group."""
+    """All-to-all with uneven splits inside one process group.
 
-    def __init__(self, group, ranks, my_index, node_of_peer, my_node):
+    Args:
+        group: the torch process group (None: the default group).
+        ranks: the global ranks of the group, in group order.
+        my_index: this rank's index in `ranks`.
+        node_of_peer: the node of every peer, in group order.
+        my_node: this rank's node.
+
+    Example:
+
+    ```python
+    exchange = Exchange(None, [0, 1], rank, [0, 0], 0)
+    received = exchange.send(rows, send_counts, exchange.counts(send_counts))
+    ```
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, ranks: list[int], my_index: int,
+                 node_of_peer: list[int], my_node: int):
         self.group = group
         self.ranks = ranks
         self.my_index = my_index
@@ -45,11 +63,19 @@ class Exchange:
         self.internode_bytes = 0
 
     @property
-    def size(self):
+    def size(self) -> int:
+        """Ranks in the group."""
         return len(self.ranks)
 
-    def counts(self, send_counts):
-        """The counts every peer will send here."""
+    def counts(self, send_counts: torch.Tensor) -> torch.Tensor:
+        """The counts every peer will send here.
+
+        Args:
+            send_counts: int64 `[size]`, what this rank sends each peer.
+
+        Returns:
+            int64 `[size]`, what each peer sends this rank.
+        """
         recv_counts = torch.empty_like(send_counts)
         if self.size == 1:
             return send_counts.clone()
@@ -57,8 +83,18 @@ class Exchange:
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         return recv_counts
 
-    def send(self, values, send_counts, recv_counts):
-        """Sends ``values`` split by ``send_counts``; returns what arrives."""
+    def send(self, values: torch.Tensor, send_counts: torch.Tensor,
+             recv_counts: torch.Tensor) -> torch.Tensor:
+        """Sends `values` split by `send_counts`; returns what arrives.
+
+        Args:
+            values: `[sum(send_counts), ...]`, grouped by destination peer.
+            send_counts: int64 `[size]` rows for each peer.
+            recv_counts: int64 `[size]` rows from each peer (`counts`).
+
+        Returns:
+            `[sum(recv_counts), ...]`, grouped by source peer.
+        """
         send_counts, recv_counts = send_counts.tolist(), recv_counts.tolist()
         out = values.new_empty((sum(recv_counts),) + tuple(values.shape[1:]))
         row_bytes = values[:1].numel() * values.element_size() if values.numel() else 0
@@ -96,12 +132,28 @@ def _split_tags(received, tags):
 class FlatRoute:
     """The keys of one batch routed straight to their owners.
 
-    ``tags`` (optional, one int64 per key, a function of the key) travel with
-    the keys and arrive as ``owner_tags``. Keys travel in ``key_exchange``,
-    rows and gradients in ``exchange`` (the same ranks).
+    `tags` (optional, one int64 per key, a function of the key) travel with
+    the keys and arrive as `owner_tags`. Keys travel in `key_exchange`,
+    rows and gradients in `exchange` (the same ranks).
+
+    Args:
+        key_exchange: the `Exchange` the keys travel in.
+        exchange: the `Exchange` of the rows and gradients.
+        keys: int64 distinct keys of this rank's batch.
+        world: the world size (owners are `sharding.owner_of(key, world)`).
+        tags: int64, one per key, or None.
+
+    Example:
+
+    ```python
+    route = FlatRoute(exchange, exchange, unique_keys, world_size)
+    rows, _ = store.resolve(route.owner_keys, training=True)
+    values = route.rows_to_requesters(store.weights[rows])
+    ```
     """
 
-    def __init__(self, key_exchange, exchange, keys, world, tags=None):
+    def __init__(self, key_exchange: Exchange, exchange: Exchange, keys: torch.Tensor,
+                 world: int, tags: torch.Tensor | None = None):
         self.exchange = exchange
         self.order, self.send_counts = _by_destination(owner_of(keys, world),
                                                        exchange.size)
@@ -110,18 +162,49 @@ class FlatRoute:
                                      self.send_counts, self.recv_counts)
         self.owner_keys, self.owner_tags = _split_tags(received, tags)
 
-    def rows_to_requesters(self, owner_rows):
+    def rows_to_requesters(self, owner_rows: torch.Tensor) -> torch.Tensor:
+        """Sends the owners' rows back along the route (a collective).
+
+        Args:
+            owner_rows: `[len(owner_keys), D]`, one row per received key.
+
+        Returns:
+            `[len(keys), D]`, the row of each of this rank's keys.
+        """
         back = self.exchange.send(owner_rows, self.recv_counts, self.send_counts)
         return _unpermute(back, self.order)
 
-    def grads_to_owners(self, grads):
+    def grads_to_owners(self, grads: torch.Tensor) -> torch.Tensor:
+        """Sends this rank's key gradients to the owners (a collective).
+
+        Args:
+            grads: `[len(keys), D]`, the gradient of each of this rank's keys.
+
+        Returns:
+            `[len(owner_keys), D]`, one gradient per received key.
+        """
         return self.exchange.send(grads[self.order], self.send_counts, self.recv_counts)
 
 
 class HierarchicalRoute:
-    """Keys routed inside the node first, deduplicated, then across nodes."""
+    """Keys routed inside the node first, deduplicated, then across nodes.
 
-    def __init__(self, router, keys, tags=None, ahead=False):
+    Args:
+        router: the `HierarchicalRouter` whose exchanges it uses.
+        keys: int64 distinct keys of this rank's batch.
+        tags: int64, one per key, or None.
+        ahead: send the keys in the router's groups for planning ahead.
+
+    Example:
+
+    ```python
+    route = router.route(unique_keys)          # a HierarchicalRoute
+    values = route.rows_to_requesters(owner_rows)
+    ```
+    """
+
+    def __init__(self, router: HierarchicalRouter, keys: torch.Tensor,
+                 tags: torch.Tensor | None = None, ahead: bool = False):
         intra, inter = (router.intra_ahead, router.inter_ahead) if ahead \
             else (router.intra, router.inter)
         owner = owner_of(keys, router.world)
@@ -143,13 +226,30 @@ class HierarchicalRoute:
                               self.counts_b, self.recv_b)
         self.owner_keys, self.owner_tags = _split_tags(received, tags)
 
-    def rows_to_requesters(self, owner_rows):
+    def rows_to_requesters(self, owner_rows: torch.Tensor) -> torch.Tensor:
+        """Sends the owners' rows back across nodes, then inside the node.
+
+        Args:
+            owner_rows: `[len(owner_keys), D]`, one row per received key.
+
+        Returns:
+            `[len(keys), D]`, the row of each of this rank's keys.
+        """
         node_rows = _unpermute(self.inter.send(owner_rows, self.recv_b, self.counts_b),
                                self.order_b)
         back = self.intra.send(node_rows[self.inverse], self.recv_a, self.counts_a)
         return _unpermute(back, self.order_a)
 
-    def grads_to_owners(self, grads):
+    def grads_to_owners(self, grads: torch.Tensor) -> torch.Tensor:
+        """Sends the key gradients inside the node, sums them per key, then
+        sends the sums across nodes to the owners.
+
+        Args:
+            grads: `[len(keys), D]`, the gradient of each of this rank's keys.
+
+        Returns:
+            `[len(owner_keys), D]`, one gradient per received key.
+        """
         node_grads = self.intra.send(grads[self.order_a], self.counts_a, self.recv_a)
         summed = grads.new_zeros((self.num_unique,) + tuple(grads.shape[1:]))
         summed.index_add_(0, self.inverse, node_grads)
@@ -161,9 +261,26 @@ def _new_group(ranks, timeout_s):
 
 
 class FlatRouter:
-    """Routes over one all-to-all of all ranks."""
+    """Routes over one all-to-all of all ranks.
 
-    def __init__(self, world, rank, local_world, timeout_s):
+    Creates a process group for the routes planned ahead (a collective: every
+    rank constructs its router at the same point).
+
+    Args:
+        world: the world size.
+        rank: this rank.
+        local_world: ranks per node (for the inter-node byte count only).
+        timeout_s: the timeout of the new process group.
+
+    Example:
+
+    ```python
+    router = FlatRouter(world.size, world.rank, world.ranks_per_node, 60.0)
+    route = router.route(unique_keys)
+    ```
+    """
+
+    def __init__(self, world: int, rank: int, local_world: int, timeout_s: float):
         node_of = [r // local_world for r in range(world)]
         self.world = world
         ranks = list(range(world))
@@ -171,24 +288,50 @@ class FlatRouter:
         self.ahead = Exchange(_new_group(ranks, timeout_s), ranks, rank, node_of,
                               node_of[rank])
 
-    def route(self, keys, tags=None, ahead=False):
-        """The route of ``keys``; ``ahead``: planned beside a running step."""
+    def route(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
+              ahead: bool = False) -> FlatRoute:
+        """The route of `keys` to their owners (its key exchange runs now).
+
+        Args:
+            keys: int64 distinct keys of this rank's batch.
+            tags: int64, one per key, to travel with them; or None.
+            ahead: planned beside a running step (keys travel in groups of
+                their own).
+
+        Returns:
+            The `FlatRoute`.
+        """
         return FlatRoute(self.ahead if ahead else self.exchange, self.exchange, keys,
                          self.world, tags)
 
     @property
-    def internode_bytes(self):
+    def internode_bytes(self) -> int:
+        """Bytes this rank sent to other nodes so far."""
         return self.exchange.internode_bytes + self.ahead.internode_bytes
 
 
 class HierarchicalRouter:
     """Routes through a node-local exchange, then an inter-node one.
 
-    Ranks are numbered node-major (``rank = node * local_world + local``), as
-    torchrun numbers them.
+    Ranks are numbered node-major (`rank = node * local_world + local`), as
+    torchrun numbers them. Creates its process groups (collectives: every
+    rank constructs its router at the same point).
+
+    Args:
+        world: the world size (a multiple of `local_world`).
+        rank: this rank.
+        local_world: ranks per node.
+        timeout_s: the timeout of the new process groups.
+
+    Example:
+
+    ```python
+    router = HierarchicalRouter(world.size, world.rank, world.ranks_per_node, 60.0)
+    route = router.route(unique_keys)
+    ```
     """
 
-    def __init__(self, world, rank, local_world, timeout_s):
+    def __init__(self, world: int, rank: int, local_world: int, timeout_s: float):
         if world % local_world:
             raise ValueError(f"world size {world} is not a multiple of "
                              f"{local_world} ranks per node")
@@ -211,8 +354,8 @@ class HierarchicalRouter:
 
     @staticmethod
     def _exchange(ranks, my_index, node_of_peer, my_node, timeout_s, all_groups):
-        """This rank's Exchange among ``ranks``, creating every group of
-        ``all_groups`` (each rank must create them all, in the same order)."""
+        """This rank's Exchange among `ranks`, creating every group of
+        `all_groups` (each rank must create them all, in the same order)."""
         group = None
         for members in all_groups:
             created = _new_group(members, timeout_s) if len(members) > 1 else None
@@ -220,11 +363,23 @@ class HierarchicalRouter:
                 group = created
         return Exchange(group, ranks, my_index, node_of_peer, my_node)
 
-    def route(self, keys, tags=None, ahead=False):
-        """The route of ``keys``; ``ahead``: planned beside a running step."""
+    def route(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
+              ahead: bool = False) -> HierarchicalRoute:
+        """The route of `keys` to their owners (its key exchanges run now).
+
+        Args:
+            keys: int64 distinct keys of this rank's batch.
+            tags: int64, one per key, to travel with them; or None.
+            ahead: planned beside a running step (keys travel in groups of
+                their own).
+
+        Returns:
+            The `HierarchicalRoute`.
+        """
         return HierarchicalRoute(self, keys, tags, ahead)
 
     @property
-    def internode_bytes(self):
+    def internode_bytes(self) -> int:
+        """Bytes this rank sent to other nodes so far."""
         return sum(e.internode_bytes for e in (self.intra, self.inter, self.intra_ahead,
                                                self.inter_ahead))

@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -59,11 +59,17 @@ from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.sharding import owner_of
 from reckeras.embedding.table import PhysicalTable
 
+if TYPE_CHECKING:
+    from reckeras.optimizers import SparseOptimizer
+
 MEAN, SQRTN = 1, 2
 
 
 class EmbeddingEngine:
     """Tables and the per-batch lookup of one embedding layer (this rank's share).
+
+    `tables` holds one `table.RowStore` per physical table (distinct dim,
+    in `packing.dims` order); `step` counts training lookups.
 
     Args:
         packing: the `PackingPlan` of the layer's features.
@@ -76,7 +82,9 @@ class EmbeddingEngine:
     Example:
 
     ```python
-    plan = rk.features.plan.TransformPlan(specs)
+    from reckeras.features.plan import TransformPlan
+
+    plan = TransformPlan(specs)
     engine = EmbeddingEngine(PackingPlan(plan.slots, plan.sparse_in_declaration_order))
     engine.set_optimizer(rk.optimizers.RowWiseAdagrad(0.05))
     sparse = plan.packed_sparse(raw_inputs)
@@ -200,7 +208,7 @@ class EmbeddingEngine:
                                     self.world.ranks_per_node, self.world.timeout_s)
         return self._router
 
-    def set_optimizer(self, optimizer) -> None:
+    def set_optimizer(self, optimizer: SparseOptimizer) -> None:
         """Sets the sparse optimizer and lays out every row's state for it.
 
         Args:
@@ -399,11 +407,11 @@ class EmbeddingEngine:
         return self._one_id_per_bag_layout(batch, per_id, ids.device)
 
     def _id_layout(self, offsets, batch, per_id, num_ids, device):
-        """Per group: ``(chosen, tags, weight, destination)`` of its ids.
+        """Per group: `(chosen, tags, weight, destination)` of its ids.
 
-        ``chosen`` indexes the group's ids in the batch (None: every id);
-        ``tags`` their table tags (lifecycle admission; None without one),
-        ``weight`` their pooling weights and ``destination`` the output row
+        `chosen` indexes the group's ids in the batch (None: every id);
+        `tags` their table tags (lifecycle admission; None without one),
+        `weight` their pooling weights and `destination` the output row
         each id is pooled into (its example, slot and, for an unpooled
         sequence, position).
         """
@@ -434,7 +442,7 @@ class EmbeddingEngine:
         return groups
 
     def _one_id_per_bag_layout(self, batch, per_id, device):
-        """``_id_layout`` of a batch without sequence features: every slot
+        """`_id_layout` of a batch without sequence features: every slot
         then holds exactly one id per example, so the layout depends on the
         batch size only and is built once per size (rebuilding it for every
         batch cost ~5 ms of a ~58 ms dlrm training step on CPU)."""
@@ -447,11 +455,11 @@ class EmbeddingEngine:
         return layout
 
     def _slots_of(self, ids, offsets):
-        """``(batch, ids per slot, per_id)`` of a packed batch.
+        """`(batch, ids per slot, per_id)` of a packed batch.
 
         Ids are slot-major: slot s holds ids offsets[s * B]:offsets[(s + 1) * B].
-        ``per_id`` expands per-slot values once per slot, never gathering per
-        id (on CPU, ``t[slot]`` over 614k ids costs ~2 ms, the expansion 0.1 ms).
+        `per_id` expands per-slot values once per slot, never gathering per
+        id (on CPU, `t[slot]` over 614k ids costs ~2 ms, the expansion 0.1 ms).
         """
         plan = self.packing
         batch = ragged.batch_size(offsets, plan.num_slots)
@@ -490,7 +498,7 @@ class EmbeddingEngine:
             store.prefetch(chosen)
 
     def _local_rows(self, store, rows, pin):
-        """``(values, unique, unique_index, apply)`` for the pooled lookup.
+        """`(values, unique, unique_index, apply)` for the pooled lookup.
 
         Ids without a row (unseen at inference, not admitted yet) read an
         extra zero row appended after the unique rows, and get no update.
@@ -517,7 +525,7 @@ class EmbeddingEngine:
                      pin)
 
     def _route(self, group, keys, tags, training, ahead):
-        """``(unique_index, route)``: the keys deduplicated, and the route of
+        """`(unique_index, route)`: the keys deduplicated, and the route of
         the unique ones to their owners."""
         unique_keys, unique_index = torch.unique(keys, return_inverse=True)
         unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \

@@ -5,16 +5,18 @@ gets its logical table's salt, its physical table (group), its combiner and
 where its rows land in the group's flat output buffer; per batch these are
 looked up by slot index in small tensors.
 
-Output layout of a group of dim ``D`` with ``P`` pooled features and unpooled
-sequences of lengths ``L_1..L_k``, for a batch of ``B``: one flat
-``[B * P + B * L_1 + ... + B * L_k, D]`` buffer whose first region is the
-pooled ``[B, P, D]`` block (features in declaration order) followed by one
-``[B, L_j, D]`` region per unpooled sequence. An id lands at row
-``base + example * stride + position`` where, per slot, ``base`` is the
-region start, ``stride`` is ``P`` (pooled) or ``L_j`` (unpooled), and
-``position`` is the feature's index among the pooled features, or the id's
+Output layout of a group of dim `D` with `P` pooled features and unpooled
+sequences of lengths `L_1..L_k`, for a batch of `B`: one flat
+`[B * P + B * L_1 + ... + B * L_k, D]` buffer whose first region is the
+pooled `[B, P, D]` block (features in declaration order) followed by one
+`[B, L_j, D]` region per unpooled sequence. An id lands at row
+`base + example * stride + position` where, per slot, `base` is the
+region start, `stride` is `P` (pooled) or `L_j` (unpooled), and
+`position` is the feature's index among the pooled features, or the id's
 index inside its sequence.
 """
+
+from __future__ import annotations
 
 import torch
 
@@ -25,8 +27,15 @@ from reckeras.features.specs import Sequence
 COMBINER_CODES = {"sum": 0, "mean": 1, "sqrtn": 2, None: 0}
 
 
-def table_salt(table_name):
-    """A 64-bit salt of a table name (stable across processes and runs)."""
+def table_salt(table_name: str) -> int:
+    """A 64-bit salt of a table name (stable across processes and runs).
+
+    Args:
+        table_name: a logical table's name.
+
+    Returns:
+        The salt its keys are XORed with (`mix64(id) ^ salt`).
+    """
     code = 0
     for byte in table_name.encode("utf-8"):          # build time only
         code = (code * 131 + byte) % (2**61 - 1)
@@ -34,19 +43,48 @@ def table_salt(table_name):
 
 
 class GroupLayout:
-    """The output regions of one physical table (one dim)."""
+    """The output regions of one physical table (one dim).
 
-    def __init__(self, dim, pooled, unpooled):
+    Args:
+        dim: the row width.
+        pooled: names of its pooled features, in declaration order.
+        unpooled: `(name, max_len)` of its unpooled sequence features.
+
+    Example:
+
+    ```python
+    layout = GroupLayout(8, ["user", "item"], [("history", 20)])
+    layout.rows(batch=4)          # 4 * (2 + 20) rows of the flat output
+    ```
+    """
+
+    def __init__(self, dim: int, pooled: list[str], unpooled: list[tuple[str, int]]):
         self.dim = dim
         self.pooled = pooled                       # feature names
         self.unpooled = unpooled                   # [(name, max_len)]
 
-    def rows(self, batch):
-        """Rows of the flat output buffer for a batch of ``batch`` examples."""
+    def rows(self, batch: int) -> int:
+        """Rows of the flat output buffer for a batch of `batch` examples.
+
+        Args:
+            batch: examples in the batch.
+
+        Returns:
+            `batch * (P + L_1 + ... + L_k)`.
+        """
         return batch * (len(self.pooled) + sum(length for _, length in self.unpooled))
 
-    def split(self, flat, batch):
-        """Views of the flat output: ``(pooled [B, P, D] or None, {name: [B, L, D]})``."""
+    def split(self, flat: torch.Tensor,
+              batch: int) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """Views of the flat output buffer, region by region.
+
+        Args:
+            flat: `[rows(batch), dim]`, the pooled lookup's output.
+            batch: examples in the batch.
+
+        Returns:
+            `(pooled [B, P, D] or None, {name: [B, L, D]})`.
+        """
         start = batch * len(self.pooled)
         # The whole buffer is a view, not a slice: a slice's backward zero-fills
         # and copies the [B * P, D] gradient (~3 ms for the wide shape on CPU).
@@ -64,18 +102,19 @@ class PackingPlan:
     """Which physical table and output rows each slot uses.
 
     Args:
-        slots: sparse feature specs in slot order (see ``features.plan``).
+        slots: sparse feature specs in slot order (see `features.plan`).
         declaration_order: the same specs in the order the user declared them,
             which is the order of the output features.
-        table_options: ``{logical table name: lifecycle.TableOptions}`` for
+        table_options: `{logical table name: options.TableOptions}` for
             the tables that use admission, eviction or host storage.
 
     Raises:
         ValueError: an unknown table name, or tables of one dim (one physical
-            table) that disagree on ``storage`` or ``cache_policy``.
+            table) that disagree on `storage` or `cache_policy`.
     """
 
-    def __init__(self, slots, declaration_order, table_options=None):
+    def __init__(self, slots: list, declaration_order: list,
+                 table_options: dict[str, TableOptions] | None = None):
         self.slots = list(slots)
         self.dims = sorted({s.dim for s in self.slots})
         self.tables = {}
@@ -130,17 +169,25 @@ class PackingPlan:
                     length for _, length in layout.unpooled[:index]))
                 stride.append(spec.max_len)
                 position.append(0)
-        # ``base`` is in units of the batch size: row = base * B + ...
+        # `base` is in units of the batch size: row = base * B + ...
         self.slot_base = torch.tensor(base)
         self.slot_stride = torch.tensor(stride)
         self.slot_position = torch.tensor(position)
         self.has_sequences = any(isinstance(s, Sequence) for s in self.slots)
         self.has_unpooled = bool(self.slot_unpooled.any())
 
-    def host_cached(self, group):
-        """Whether physical table ``group`` keeps its rows in host memory."""
+    def host_cached(self, group: int) -> bool:
+        """Whether physical table `group` keeps its rows in host memory.
+
+        Args:
+            group: the physical table's index (its dim's place in `dims`).
+
+        Returns:
+            True for `storage="host_cached"`.
+        """
         return self.group_options[group][0].storage == "host_cached"
 
     @property
-    def num_slots(self):
+    def num_slots(self) -> int:
+        """Sparse features (slots) of the packed batch."""
         return len(self.slots)

@@ -1,4 +1,4 @@
-"""Which rank owns a key: ``mix64(key ^ OWNER_SALT) mod world_size``.
+"""Which rank owns a key: `mix64(key ^ OWNER_SALT) mod world_size`.
 
 The salt keeps ownership independent of the bits the hash index uses to place
 a key in its slots, so each rank's index stays evenly loaded. The owner of a
@@ -14,14 +14,29 @@ OWNER_SALT = 0x5DEECE66D
 
 
 def owner_of(keys: torch.Tensor, world: int) -> torch.Tensor:
-    """The owning rank of every key (int64, in ``[0, world)``)."""
+    """The owning rank of every key.
+
+    Args:
+        keys: int64 table keys.
+        world: the number of ranks.
+
+    Returns:
+        int64 ranks in `[0, world)`, one per key.
+    """
     if world == 1:
         return torch.zeros_like(keys)
     return torch.remainder(mix64(keys ^ OWNER_SALT), world)
 
 
-def imbalance(counts):
-    """``max / mean`` of per-rank counts (1.0 is perfectly even)."""
+def imbalance(counts: list | torch.Tensor) -> float:
+    """`max / mean` of per-rank counts (1.0 is perfectly even).
+
+    Args:
+        counts: one count per rank.
+
+    Returns:
+        The ratio; 1.0 when every count is 0.
+    """
     counts = torch.as_tensor(counts, dtype=torch.float64)
     mean = counts.mean()
     return float(counts.max() / mean) if mean > 0 else 1.0
