@@ -1,5 +1,7 @@
 """Keras callbacks that know about reckeras's tables and ranks."""
 
+from __future__ import annotations
+
 import math
 import os
 
@@ -12,25 +14,29 @@ from reckeras import distributed
 class ModelCheckpoint(keras.callbacks.Callback):
     """Writes a reckeras checkpoint (tables included) at the end of epochs.
 
-    Unlike ``keras.callbacks.ModelCheckpoint``, it writes with
-    ``rk.Model.save_checkpoint``: every rank saves the rows it owns, the save
+    Unlike `keras.callbacks.ModelCheckpoint`, it writes with
+    `rk.Model.save_checkpoint`: every rank saves the rows it owns, the save
     is atomic, and the result loads on any number of ranks.
 
     Args:
-        filepath: checkpoint directory; may contain ``{epoch}`` and log names,
-            e.g. ``"ckpt/epoch{epoch:02d}-{val_auc:.4f}"``.
-        monitor: log watched by ``save_best_only``.
-        mode: ``"min"``, ``"max"`` or ``"auto"`` (max for names containing
+        filepath: checkpoint directory; may contain `{epoch}` and log names,
+            e.g. `"ckpt/epoch{epoch:02d}-{val_auc:.4f}"`.
+        monitor: log watched by `save_best_only`.
+        mode: `"min"`, `"max"` or `"auto"` (max for names containing
             "auc" or "acc", else min).
-        save_best_only: only save when ``monitor`` improves.
+        save_best_only: only save when `monitor` improves.
 
     Example:
-        >>> model.fit(train, epochs=3, validation_data=test, callbacks=[
-        ...     rk.callbacks.ModelCheckpoint("ckpt/epoch{epoch}", monitor="val_auc",
-        ...                                  save_best_only=True)])
+
+    ```python
+    model.fit(train, epochs=3, validation_data=test, callbacks=[
+        rk.callbacks.ModelCheckpoint("ckpt/epoch{epoch}", monitor="val_auc",
+                                     save_best_only=True)])
+    ```
     """
 
-    def __init__(self, filepath, monitor="val_loss", mode="auto", save_best_only=False):
+    def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss",
+                 mode: str = "auto", save_best_only: bool = False):
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
@@ -43,7 +49,7 @@ class ModelCheckpoint(keras.callbacks.Callback):
         self.best = -math.inf if mode == "max" else math.inf
         self.saved = []
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
         if self.save_best_only:
             if self.monitor not in logs:
@@ -63,18 +69,21 @@ class TensorBoard(keras.callbacks.Callback):
     """Writes epoch (and optionally batch) logs as TensorBoard event files.
 
     Keras's own TensorBoard callback needs TensorFlow; this one writes with
-    ``torch.utils.tensorboard`` (install the ``tensorboard`` package). Under
+    `torch.utils.tensorboard` (install the `tensorboard` package). Under
     torchrun only rank 0 writes, and the logs are already reduced over ranks.
 
     Args:
         log_dir: directory of the event files.
-        update_freq: ``"epoch"``, or an int N to also log every N batches.
+        update_freq: `"epoch"`, or an int N to also log every N batches.
 
     Example:
-        >>> model.fit(train, epochs=3, callbacks=[rk.callbacks.TensorBoard("runs/dlrm")])
+
+    ```python
+    model.fit(train, epochs=3, callbacks=[rk.callbacks.TensorBoard("runs/dlrm")])
+    ```
     """
 
-    def __init__(self, log_dir, update_freq="epoch"):
+    def __init__(self, log_dir: str | os.PathLike, update_freq: str | int = "epoch"):
         super().__init__()
         if update_freq != "epoch" and not (isinstance(update_freq, int) and update_freq > 0):
             raise ValueError(f"update_freq must be 'epoch' or a positive int, "
@@ -96,14 +105,14 @@ class TensorBoard(keras.callbacks.Callback):
             self._writer.add_scalar(f"{prefix}{name}", float(np.asarray(value)), step)
         self._writer.flush()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._batches += 1
         if self.update_freq != "epoch" and self._batches % self.update_freq == 0:
             self._write(logs, self._batches, "batch_")
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._write(logs, epoch, "epoch_")
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict | None = None) -> None:
         if self._writer is not None:
             self._writer.close()

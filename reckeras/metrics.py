@@ -8,7 +8,8 @@ from typing import Any
 import keras
 import numpy as np
 import torch
-from keras.src.backend import in_stateless_scope
+
+from reckeras._keras_compat import in_stateless_scope
 
 
 @dataclass(frozen=True)

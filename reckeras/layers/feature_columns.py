@@ -1,9 +1,14 @@
 """FeatureColumns: raw columns in, dense block and packed sparse batch out."""
 
+from __future__ import annotations
+
+from typing import Any, Iterable
+
 import keras
 import numpy as np
 import torch
 
+from reckeras import _keras_compat
 from reckeras.features import encode as encoding
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import Categorical, Numeric, Sequence, deserialize, serialize
@@ -13,34 +18,35 @@ from reckeras.features.specs import Categorical, Numeric, Sequence, deserialize,
 class FeatureColumns(keras.layers.Layer):
     """Turns raw feature columns into model inputs, with fused transforms.
 
-    Calling the layer on the dict of raw inputs returns ``(dense, sparse)``:
-    ``dense`` is the ``[B, n_numeric]`` float32 block of the numeric features
-    after their transforms, and ``sparse`` is the packed sparse batch
-    ``{"ids": [N], "offsets": [S * B + 1]}`` of every sparse feature (see
-    ``reckeras.ragged``) for ``rk.layers.ShardedEmbedding``. Each transform
+    Calling the layer on the dict of raw inputs returns `(dense, sparse)`:
+    `dense` is the `[B, n_numeric]` float32 block of the numeric features
+    after their transforms, and `sparse` is the packed sparse batch
+    `{"ids": [N], "offsets": [S * B + 1]}` of every sparse feature (see
+    `reckeras.ragged`) for `rk.layers.ShardedEmbedding`. Each transform
     kind (missing-value fill, log1p, standardize, bucketize, hash, cross,
     sequence packing) runs as one vectorized op over all its features.
 
     Args:
-        specs: list of ``rk.features`` specs (Numeric, Categorical, Sequence,
+        specs: list of `rk.features` specs (Numeric, Categorical, Sequence,
             Cross) or their serialized configs.
-        **kwargs: base Layer arguments (``name``, ...).
+        **kwargs: base Layer arguments (`name`, ...).
 
     Example:
-        >>> columns = rk.layers.FeatureColumns(
-        ...     [rk.features.Numeric("I1", transform="log1p"),
-        ...      rk.features.Categorical("C1", dim=16)])
-        >>> inputs = columns.inputs()
-        >>> dense, sparse = columns(inputs)
+
+    ```python
+    columns = rk.layers.FeatureColumns(
+        [rk.features.Numeric("I1", transform="log1p"),
+         rk.features.Categorical("C1", dim=16)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    ```
     """
 
-    def __init__(self, specs, **kwargs):
+    def __init__(self, specs: list, **kwargs: Any):
         super().__init__(**kwargs)
-        # call() turns every raw column into a tensor of its spec's dtype
-        # itself: Keras's per-input conversion (a pytree walk over hundreds
-        # of inputs per call) would only repeat it.
-        self._convert_input_args = False
-        self._allow_non_tensor_positional_args = True
+        # pack() turns every raw column into a tensor of its spec's dtype
+        # itself: Keras's per-input conversion would only repeat it.
+        _keras_compat.accept_raw_inputs(self)
         self.specs = [deserialize(s) for s in specs]
         self.plan = TransformPlan(self.specs)
         self.input_names = encoding.raw_columns(self.specs)
@@ -54,8 +60,8 @@ class FeatureColumns(keras.layers.Layer):
 
     # ---- declaration ---------------------------------------------------------
 
-    def inputs(self):
-        """A dict of ``keras.Input``, one per raw column, for the functional API."""
+    def inputs(self) -> dict:
+        """A dict of `keras.Input`, one per raw column, for the functional API."""
         inputs = {}
         for spec in self.specs:
             if isinstance(spec, Numeric) or (
@@ -69,18 +75,19 @@ class FeatureColumns(keras.layers.Layer):
         return inputs
 
     @property
-    def sparse_specs(self):
+    def sparse_specs(self) -> list:
         """Sparse specs in slot order (the order of the packed batch)."""
         return self.plan.slots
 
     @property
-    def needs_adapt(self):
+    def needs_adapt(self) -> bool:
+        """Whether `standardize` features wait for `adapt` (fit runs it)."""
         return any(s.transform == "standardize" for s in self.plan.numeric) and \
             not bool(self.adapted.numpy())
 
     # ---- host side -----------------------------------------------------------
 
-    def encode(self, batch):
+    def encode(self, batch: Any) -> dict:
         """Validates and encodes a raw batch into the numpy model inputs.
 
         Args:
@@ -94,8 +101,8 @@ class FeatureColumns(keras.layers.Layer):
         """
         return encoding.encode(self.specs, batch)
 
-    def adapt(self, batches):
-        """Computes mean and std of the ``standardize`` features.
+    def adapt(self, batches: Iterable) -> None:
+        """Computes mean and std of the `standardize` features.
 
         Args:
             batches: an iterable of raw batches (RecordBatch, Table or dict).
@@ -124,7 +131,31 @@ class FeatureColumns(keras.layers.Layer):
 
     # ---- graph ---------------------------------------------------------------
 
-    def call(self, inputs):
+    def pack(self, inputs: dict) -> tuple[torch.Tensor, dict | None]:
+        """The layer's output for a batch of encoded inputs: the transformed
+        dense block and the packed sparse batch.
+
+        This is the one preprocessing step of a batch: `fit`, `evaluate` and
+        `predict` run it once per batch in their pipeline (before the
+        embedding stages need the ids) and hand its result to the model's
+        graph in place of calling the layer; calling the layer runs it too.
+
+        Args:
+            inputs: `{feature name: tensor}` as `encode` makes them (torch
+                tensors or arrays).
+
+        Returns:
+            `(dense, sparse)`: float32 `[B, n_numeric]` and
+            `{"ids": [N], "offsets": [S * B + 1]}` (None without sparse
+            features).
+
+        Example:
+
+        ```python
+        dense, sparse = columns.pack(
+            {name: torch.as_tensor(v) for name, v in columns.encode(batch).items()})
+        ```
+        """
         missing = [name for name in self.input_names if name not in inputs]
         if missing:
             raise encoding.FeatureInputError(f"missing input(s) for feature(s) {missing}")
@@ -137,7 +168,10 @@ class FeatureColumns(keras.layers.Layer):
         sparse = self.plan.packed_sparse(inputs) if self.plan.slots else None
         return dense, sparse
 
-    def compute_output_spec(self, inputs):
+    def call(self, inputs: dict) -> tuple:
+        return self.pack(inputs)
+
+    def compute_output_spec(self, inputs: dict) -> tuple:
         batch = next(iter(inputs.values())).shape[0]
         dense = keras.KerasTensor((batch, len(self.plan.numeric)), dtype="float32")
         sparse = {"ids": keras.KerasTensor((None,), dtype="int64"),
@@ -145,5 +179,5 @@ class FeatureColumns(keras.layers.Layer):
             if self.plan.slots else None
         return dense, sparse
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {**super().get_config(), "specs": [serialize(s) for s in self.specs]}

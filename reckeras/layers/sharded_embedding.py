@@ -1,5 +1,9 @@
 """ShardedEmbedding: the Keras face of the embedding engine."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -22,36 +26,48 @@ class ShardedEmbedding(keras.layers.Layer):
     up together. Sequence features are pooled with their combiner.
 
     The tables are not Keras variables: Keras's optimizer never touches them.
-    They are trained by the ``embedding_optimizer`` given to
-    ``rk.Model.compile``, applied inside the backward pass to the rows the
+    They are trained by the `embedding_optimizer` given to
+    `rk.Model.compile`, applied inside the backward pass to the rows the
     batch touched only. At inference, ids never seen in training read zeros.
-    ``model.save`` stores the tables (ids, rows and optimizer state).
+    `model.save` stores the tables (ids, rows and optimizer state).
 
     Args:
-        columns: the ``rk.layers.FeatureColumns`` whose sparse output this
+        columns: the `rk.layers.FeatureColumns` whose sparse output this
             layer embeds (or a list of serialized sparse feature specs).
-        output: ``"stacked"`` returns ``[B, F, D]`` (all features must share
-            one dim); ``"concat"`` returns ``[B, sum of dims]``; ``"dict"``
-            returns ``{feature name: [B, D]}``, with ``[B, max_len, D]`` for
-            unpooled sequences (``Sequence(..., combiner=None)``), which only
-            ``"dict"`` supports. Features come in declaration order.
-        init_scale: new rows are uniform in ``[-init_scale, init_scale]``;
-            by default ``1 / sqrt(dim)`` of their table.
+        output: `"stacked"` returns `[B, F, D]` (all features must share
+            one dim); `"concat"` returns `[B, sum of dims]`; `"dict"`
+            returns `{feature name: [B, D]}`, with `[B, max_len, D]` for
+            unpooled sequences (`Sequence(..., combiner=None)`), which only
+            `"dict"` supports. Features come in declaration order.
+        init_scale: new rows are uniform in `[-init_scale, init_scale]`;
+            by default `1 / sqrt(dim)` of their table.
         seed: seed of the rows' initial values (a row's initial value depends
             only on its id, table and seed).
-        table_options: ``{table name: rk.embedding.TableOptions(...)}`` (or
+        table_options: `{table name: rk.embedding.TableOptions(...)}` (or
             dicts of its fields) for tables with admission, eviction or
-            host storage behind a device cache (``storage="host_cached"``,
-            see ``docs/caching.md``); an unknown table name is an error.
+            host storage behind a device cache (`storage="host_cached"`,
+            see `docs/caching.md`); an unknown table name is an error.
         **kwargs: base Layer arguments.
 
+    Call arguments:
+        sparse: the packed sparse batch `{"ids", "offsets"}` of the
+            FeatureColumns (its output, or `FeatureColumns.pack`).
+        training: create rows for new ids and train them.
+        routed: the `RoutedBatch` the pipeline's sparse-dist stage planned
+            for this very batch (`EmbeddingEngine.route_ahead`); `rk.Model`'s
+            loops pass it, other callers leave it None.
+
     Example:
-        >>> dense, sparse = columns(columns.inputs())
-        >>> emb = rk.layers.ShardedEmbedding(columns)(sparse)   # [B, F, D]
+
+    ```python
+    dense, sparse = columns(columns.inputs())
+    emb = rk.layers.ShardedEmbedding(columns)(sparse)   # [B, F, D]
+    ```
     """
 
-    def __init__(self, columns, output="stacked", init_scale=None, seed=0,
-                 table_options=None, **kwargs):
+    def __init__(self, columns: Any, output: str = "stacked",
+                 init_scale: float | None = None, seed: int = 0,
+                 table_options: dict | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         specs = columns.specs if hasattr(columns, "specs") else \
             [deserialize(s) for s in columns]
@@ -86,12 +102,15 @@ class ShardedEmbedding(keras.layers.Layer):
             for s in plan.sparse_in_declaration_order}
 
     @property
-    def tables(self):
+    def tables(self) -> list:
         """The physical tables, one per distinct dim."""
         return self.engine.tables
 
-    def call(self, sparse, training=False):
-        groups = self.engine.lookup(sparse["ids"], sparse["offsets"], bool(training))
+    def call(self, sparse: dict, training: bool = False, routed: Any = None) -> Any:
+        # `routed`: the routes the pipeline's sparse-dist stage planned for
+        # this very batch (`EmbeddingEngine.route_ahead`), or None.
+        groups = self.engine.lookup(sparse["ids"], sparse["offsets"], bool(training),
+                                    routed=routed)
         if self.output_mode == "stacked":
             return groups[0][0]
         if self.output_mode == "concat" and len(groups) == 1:
@@ -107,7 +126,8 @@ class ShardedEmbedding(keras.layers.Layer):
         return keras.ops.concatenate([by_name[n] for n in self.packing.output_names],
                                      axis=1)
 
-    def compute_output_spec(self, sparse, training=False):
+    def compute_output_spec(self, sparse: dict, training: bool = False,
+                            routed: Any = None) -> Any:
         shapes = [self._output_shapes[n] for n in self.packing.output_names]
         if self.output_mode == "stacked":
             return keras.KerasTensor((None, len(shapes), shapes[0][1]), dtype="float32")
@@ -118,17 +138,45 @@ class ShardedEmbedding(keras.layers.Layer):
 
     # ---- saving ----------------------------------------------------------------
 
-    def save_own_variables(self, store):
-        for index, table in enumerate(self.engine.tables):
-            for key, array in table.export().items():
+    def export_tables(self) -> list:
+        """A copy of this rank's tables: keys, rows and optimizer state.
+
+        Returns:
+            One `{"keys", "weights", "state"}` dict of numpy arrays per
+            physical table (`EmbeddingEngine.export_tables`).
+        """
+        return self.engine.export_tables()
+
+    def load_tables(self, tables: list) -> None:
+        """Replaces this rank's tables by what `export_tables` returned.
+
+        Args:
+            tables: one `{"keys", "weights", "state"}` dict per physical table.
+        """
+        self.engine.load_tables(tables)
+
+    def save_own_variables(self, store: dict) -> None:
+        """Writes the tables into a Keras weights store (`model.save`).
+
+        Args:
+            store: the layer's store, keyed `table<i>_<keys|weights|state>`.
+        """
+        for index, table in enumerate(self.export_tables()):
+            for key, array in table.items():
                 store[f"table{index}_{key}"] = array
 
-    def load_own_variables(self, store):
-        for index, table in enumerate(self.engine.tables):
-            table.load({key: np.asarray(store[f"table{index}_{key}"])
-                        for key in ("keys", "weights", "state")})
+    def load_own_variables(self, store: dict) -> None:
+        """Reads the tables back from a Keras weights store.
 
-    def get_config(self):
+        Args:
+            store: what `save_own_variables` wrote.
+        """
+        self.load_tables([
+            {key: np.asarray(store[f"table{index}_{key}"])
+             for key in ("keys", "weights", "state")}
+            for index in range(len(self.engine.tables))])
+
+    def get_config(self) -> dict:
         return {**super().get_config(),
                 "columns": [serialize(s) for s in self.specs],
                 "output": self.output_mode, "init_scale": self.init_scale,

@@ -1,0 +1,1 @@
+"""Training loops: `rk.Model`, the epoch stream and its pipeline stages."""

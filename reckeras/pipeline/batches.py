@@ -1,29 +1,49 @@
 """Batches for fit/evaluate/predict: raw data -> encoded torch tensors.
 
-Accepted data: a reckeras dataset (anything with ``batches`` and ``label``),
-a pyarrow Table, or a dict of array-likes (with the labels in ``y`` or in a
-``label`` column). Every batch is encoded and validated by the model's
-FeatureColumns before it reaches the model.
+Accepted data: a reckeras dataset (anything with `batches` and
+`num_batches`), a pyarrow Table, or a dict of array-likes, with the labels
+in `y` or in a `label` column and per-example loss weights given as an array
+or as the name of a column. Every batch is encoded and validated by the
+model's FeatureColumns before it reaches the model.
 """
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 import torch
-from keras.src.backend.torch.core import get_device
 
 from reckeras.features.encode import FeatureInputError, as_table
+
+LABEL_COLUMN = "__label__"
+WEIGHT_COLUMN = "__sample_weight__"
 
 
 class InMemoryData:
     """A pyarrow Table served in batches, with an optional label column.
 
-    With ``num_shards`` readers (ranks), global batch ``k`` is the
-    ``num_shards * batch_size`` rows starting at ``k * num_shards *
-    batch_size``, and reader ``i`` takes its ``i``-th slice of ``batch_size``:
-    N ranks at batch b see exactly the batches one rank sees at batch N*b.
+    With `num_shards` readers (ranks), global batch `k` is the
+    `num_shards * batch_size` rows starting at `k * num_shards * batch_size`,
+    and reader `i` takes its `i`-th slice of `batch_size`: N ranks at batch b
+    see exactly the batches one rank sees at batch N*b.
+
+    Args:
+        table: the rows.
+        label: name of the label column (None: no labels).
+
+    Example:
+
+    ```python
+    data = InMemoryData(pa.table({"n": [0.5, 1.0], "label": [0, 1]}), "label")
+    first = next(data.batches(1))
+    ```
     """
 
-    def __init__(self, table, label):
+    def __init__(self, table: pa.Table, label: str | None):
         self.table = table
         self.label = label
         self.num_rows = table.num_rows
@@ -31,14 +51,41 @@ class InMemoryData:
     def _starts(self, batch_size, shard_index, num_shards):
         return range(shard_index * batch_size, self.num_rows, num_shards * batch_size)
 
-    def num_batches(self, batch_size, drop_remainder=False, shard_index=0, num_shards=1):
+    def num_batches(self, batch_size: int, drop_remainder: bool = False,
+                    shard_index: int = 0, num_shards: int = 1) -> int:
+        """Batches `batches` yields with the same arguments.
+
+        Args:
+            batch_size: rows per batch.
+            drop_remainder: leave out a last, smaller batch.
+            shard_index: this reader's index.
+            num_shards: the number of readers.
+
+        Returns:
+            The number of batches.
+        """
         starts = self._starts(batch_size, shard_index, num_shards)
         if drop_remainder:
             return sum(1 for start in starts if start + batch_size <= self.num_rows)
         return len(starts)
 
-    def batches(self, batch_size, *, shuffle=False, seed=0, drop_remainder=False,
-                shard_index=0, num_shards=1):
+    def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+                drop_remainder: bool = False, shard_index: int = 0,
+                num_shards: int = 1) -> Iterator[pa.Table]:
+        """This reader's batches, as pyarrow Tables.
+
+        Args:
+            batch_size: rows per batch.
+            shuffle: permute the rows first (the same permutation on every
+                reader for one `seed`).
+            seed: seed of the permutation.
+            drop_remainder: leave out a last, smaller batch.
+            shard_index: this reader's index.
+            num_shards: the number of readers.
+
+        Returns:
+            An iterator of Tables.
+        """
         table = self.table
         if shuffle:
             order = np.random.default_rng(seed).permutation(self.num_rows)
@@ -48,21 +95,106 @@ class InMemoryData:
                 return
             yield table.slice(start, batch_size)
 
+    def split(self, validation_split: float) -> tuple[InMemoryData, InMemoryData]:
+        """The rows before and after the last `validation_split` fraction,
+        as Keras's `fit(validation_split=...)` takes them (before shuffling).
 
-def as_data(x, y=None, label="label"):
-    """Wraps ``x`` (and ``y``) into something with ``batches``/``num_batches``."""
+        Args:
+            validation_split: fraction of the rows held out, in (0, 1).
+
+        Returns:
+            `(train, validation)`.
+        """
+        cut = int(self.num_rows * (1.0 - validation_split))
+        if cut == 0 or cut == self.num_rows:
+            raise ValueError(f"validation_split={validation_split} of {self.num_rows} "
+                             f"rows leaves no training or no validation rows")
+        return (InMemoryData(self.table.slice(0, cut), self.label),
+                InMemoryData(self.table.slice(cut), self.label))
+
+
+def as_data(x: Any, y: Any = None, sample_weight: Any = None,
+            label: str = "label") -> tuple[Any, str | None]:
+    """Wraps `x` (and `y`, `sample_weight`) into something with `batches`,
+    `num_batches` and `label` (the name of its label column, or None).
+
+    Args:
+        x: a reckeras dataset, a pyarrow Table or a dict of array-likes.
+        y: labels for in-memory `x` without a `label` column: an array of
+            one value (or one row of values) per example.
+        sample_weight: per-example loss weights: an array (in-memory `x`),
+            or the name of a column of `x`.
+        label: the label column looked for when `y` is None.
+
+    Returns:
+        `(data, weight column name or None)`.
+    """
+    weight_column = sample_weight if isinstance(sample_weight, str) else None
     if hasattr(x, "batches") and hasattr(x, "num_batches"):
         if y is not None:
             raise ValueError("y must be None when x is a dataset (labels are a column)")
-        return x
+        if sample_weight is not None and weight_column is None:
+            raise ValueError("sample_weight for a dataset must name one of its columns; "
+                             "an array of weights needs in-memory x (a dict or a Table)")
+        return x, weight_column
     table = as_table(x)
     if y is not None:
         y = np.asarray(y, dtype=np.float32).reshape(table.num_rows, -1)
         column = pa.array(y[:, 0]) if y.shape[1] == 1 else \
             pa.FixedSizeListArray.from_arrays(pa.array(y.reshape(-1)), y.shape[1])
-        table = table.append_column("__label__", column)
-        label = "__label__"
-    return InMemoryData(table, label if label in table.column_names else None)
+        table = table.append_column(LABEL_COLUMN, column)
+        label = LABEL_COLUMN
+    if sample_weight is not None and weight_column is None:
+        weights = np.asarray(sample_weight, dtype=np.float32)
+        if weights.shape != (table.num_rows,):
+            raise ValueError(f"sample_weight must hold one weight per example: shape "
+                             f"({table.num_rows},), got {weights.shape}")
+        table = table.append_column(WEIGHT_COLUMN, pa.array(weights))
+        weight_column = WEIGHT_COLUMN
+    return InMemoryData(table, label if label in table.column_names else None), \
+        weight_column
+
+
+def check_class_weight(class_weight: dict | None) -> dict | None:
+    """`class_weight` as Keras takes it: `{class index: weight}`.
+
+    Args:
+        class_weight: the user's mapping, or None.
+
+    Returns:
+        `{int: float}`, or None.
+    """
+    if class_weight is None:
+        return None
+    if not isinstance(class_weight, dict) or not class_weight:
+        raise ValueError(f"class_weight must be a non-empty dict {{class index: weight}}, "
+                         f"got {class_weight!r}")
+    checked = {}
+    for key, value in class_weight.items():
+        if not isinstance(key, numbers.Integral) and not (
+                isinstance(key, numbers.Real) and float(key).is_integer()):
+            raise ValueError(f"class_weight keys must be class indices (ints), got {key!r}")
+        if not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
+            raise ValueError(f"class_weight[{key!r}] must be a finite number >= 0, "
+                             f"got {value!r}")
+        checked[int(key)] = float(value)
+    return checked
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """What a loop reads beside the features: labels and loss weights.
+
+    Args:
+        label: the label column (None: the loop takes no labels).
+        weight: the per-example loss weight column, or None.
+        class_weight: `{class index: weight}` (see `check_class_weight`),
+            multiplied into the loss weights by each example's class.
+    """
+
+    label: str | None = None
+    weight: str | None = None
+    class_weight: dict | None = None
 
 
 def _column_values(batch, name, role):
@@ -74,37 +206,48 @@ def _column_values(batch, name, role):
     return column
 
 
-def to_tensors(columns, batch, label, with_label, weight_column=None, device=None):
-    """``(inputs, labels, weights)`` torch tensors of one raw batch.
+def to_tensors(columns: Any, batch: Any, targets: Targets,
+               device: torch.device | str = "cpu") -> tuple:
+    """`(inputs, labels, weights)` torch tensors of one raw batch.
 
-    ``labels`` is None when ``with_label`` is false, ``weights`` when there
-    is no ``weight_column``. The tensors are on ``device`` (default: Keras's
-    device); the pipeline keeps them on the host and copies them in its h2d
-    stage (``device_copy``).
+    `labels` is None when `targets.label` is None, `weights` when there are
+    neither weights nor class weights.
+
+    Args:
+        columns: the model's `rk.layers.FeatureColumns`.
+        batch: a pyarrow RecordBatch/Table or a dict of arrays.
+        targets: the label and weight columns to read.
+        device: device of the tensors (the pipeline keeps them on the host
+            and copies them in its h2d stage, `device_copy`).
+
+    Returns:
+        `(dict of input tensors, labels or None, weights or None)`.
     """
-    device = torch.device(device or get_device())
-    inputs, labels, weights = _host_tensors(columns, batch, label, with_label,
-                                            weight_column)
-    if device.type == "cpu":
-        return inputs, labels, weights
+    inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
+              for name, value in columns.encode(batch).items()}
+    labels = None if targets.label is None else _labels(batch, targets.label)
+    weights = None
+    if targets.weight is not None:
+        column = _column_values(batch, targets.weight, "sample weight")
+        weights = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+        if not np.isfinite(weights).all() or (weights < 0).any():
+            raise FeatureInputError(f"sample weight column {targets.weight!r} must be "
+                                    f"finite and non-negative")
+    if targets.class_weight is not None:
+        by_class = _class_weights(labels, targets.class_weight)
+        weights = by_class if weights is None else weights * by_class
+    tensors = (inputs, None if labels is None else torch.from_numpy(labels),
+               None if weights is None else torch.from_numpy(np.require(
+                   weights, requirements="W")))
+    if torch.device(device).type == "cpu":
+        return tensors
+    inputs, labels, weights = tensors
     return ({name: value.to(device) for name, value in inputs.items()},
             None if labels is None else labels.to(device),
             None if weights is None else weights.to(device))
 
 
-def _host_tensors(columns, batch, label, with_label, weight_column):
-    inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
-              for name, value in columns.encode(batch).items()}
-    weights = None
-    if weight_column is not None:
-        column = _column_values(batch, weight_column, "sample weight")
-        weights = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
-        if not np.isfinite(weights).all() or (weights < 0).any():
-            raise FeatureInputError(f"sample weight column {weight_column!r} must be "
-                                    f"finite and non-negative")
-        weights = torch.from_numpy(weights.copy())
-    if not with_label:
-        return inputs, None, weights
+def _labels(batch, label):
     column = _column_values(batch, label, "label")
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -115,4 +258,17 @@ def _host_tensors(columns, batch, label, with_label, weight_column):
         y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
     if not np.isfinite(y).all():
         raise FeatureInputError(f"label column {label!r} has NaN or inf")
-    return inputs, torch.from_numpy(np.require(y, requirements="W")), weights
+    return np.require(y, requirements="W")
+
+
+def _class_weights(labels, class_weight):
+    """Keras's rule: the class is the rounded label (the argmax of a one-hot
+    row); a class missing from `class_weight` weighs 1."""
+    if labels.ndim > 1 and labels.shape[1] > 1:
+        classes = labels.argmax(axis=1)
+    else:
+        classes = np.round(labels.reshape(-1)).astype(np.int64)
+    distinct, position = np.unique(classes, return_inverse=True)
+    # One lookup per distinct class (a handful), then one gather.
+    return np.asarray([class_weight.get(int(c), 1.0) for c in distinct],
+                      dtype=np.float32)[position]

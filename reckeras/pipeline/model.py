@@ -1,134 +1,143 @@
 """rk.Model: a keras.Model whose fit/evaluate/predict read reckeras data."""
 
-import itertools
-import os
+from __future__ import annotations
+
+import contextlib
+import functools
 import time
+from typing import Any, Callable
 
 import keras
 import numpy as np
 import torch
-from keras.src.backend.common import global_state
-from keras.src.backend.torch.core import get_device, to_torch_dtype
-from keras.src.models.functional import operation_fn as functional_operation
-from keras.src.models.functional import unpack_singleton
-from keras.src.saving import serialization_lib
-from keras.src.trainers.data_adapters import data_adapter_utils
 from tqdm.auto import tqdm
 
-from reckeras import distributed
+from reckeras import _keras_compat, distributed
 from reckeras import optimizers as sparse_optimizers
 from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
-from reckeras.pipeline.batches import as_data, to_tensors
-from reckeras.pipeline import device_copy
-from reckeras.pipeline.device_copy import DeviceCopy
-from reckeras.pipeline.prefetch import Pipeline
-from reckeras.pipeline.sparse_dist import SparseDist
+from reckeras.pipeline import stream as streams
+from reckeras.pipeline.batches import Targets, as_data, check_class_weight
+
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+class NonFiniteStepError(FloatingPointError):
+    """A training step's loss or gradients were not finite (NaN or inf).
+
+    Raised by `fit` under `compile(nonfinite="raise")`, after the step was
+    undone: no dense weight, table row or optimizer state changed.
+    """
+
+
+class WeightsWithTables(list):
+    """`rk.Model.get_weights()`: the Keras weights (a list of numpy arrays,
+    as Keras's `get_weights` returns), carrying this rank's embedding tables
+    in `tables` so that `set_weights` restores both from the same moment.
+
+    Args:
+        weights: the Keras weights' values.
+        tables: `{layer name: ShardedEmbedding.export_tables()}`.
+    """
+
+    def __init__(self, weights: list, tables: dict):
+        super().__init__(weights)
+        self.tables = tables
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
-class Model(keras.Model):
-    """A Keras functional model over ``rk.layers.FeatureColumns`` inputs.
+class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
+    """A Keras functional model over `rk.layers.FeatureColumns` inputs.
 
-    Built like ``keras.Model(inputs, outputs)``. Its ``fit``, ``evaluate`` and
-    ``predict`` take reckeras datasets (``rk.datasets.load(...)``), pyarrow
-    tables or dicts of arrays; every batch is validated and encoded by the
-    model's FeatureColumns (a bad batch raises, naming the feature, before any
-    weight or table row changes). Embedding tables are trained by the
-    ``embedding_optimizer`` given to ``compile``, inside the backward pass;
-    the dense weights by Keras's ``optimizer``.
+    Built like `keras.Model(inputs, outputs)`. Its `fit`, `evaluate` and
+    `predict` take reckeras datasets (`rk.datasets.load(...)`), pyarrow
+    tables or dicts of arrays, with Keras's arguments (see each method);
+    every batch is validated and encoded by the model's FeatureColumns (a
+    bad batch raises, naming the feature, before any weight or table row
+    changes). Embedding tables are trained by the `embedding_optimizer` given
+    to `compile`; the dense weights by Keras's `optimizer`. A step whose loss
+    or gradients are not finite changes nothing (`compile(nonfinite=...)`).
+    `get_weights`/`set_weights` carry the tables along, so Keras's
+    `EarlyStopping(restore_best_weights=True)` and `BackupAndRestore` restore
+    tables and dense weights of the same epoch.
 
     Example:
-        >>> model = rk.Model(inputs, out)
-        >>> model.compile(optimizer="adam", loss="binary_crossentropy",
-        ...               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
-        ...               metrics=[rk.metrics.AUC()])
-        >>> model.fit(rk.datasets.load("criteo_synth"), batch_size=4096)
+
+    ```python
+    model = rk.Model(inputs, out)
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
+                  metrics=[rk.metrics.AUC()])
+    model.fit(rk.datasets.load("criteo_synth"), batch_size=4096)
+    ```
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        # Keras rebuilds the functional model's input spec (one InputSpec per
-        # input) on every call; with hundreds of feature inputs that showed in
-        # the step time. The graph is fixed, so the spec is built once.
-        self.input_spec = self.input_spec
-        self._declared_inputs = _declared_inputs(self._inputs_struct)
+        _keras_compat.freeze_input_spec(self)
+        self._declared_inputs = _declared_inputs(_keras_compat.functional_inputs(self))
+        self._prepared = None          # the PreparedBatch of the running step
+        self.nonfinite = "raise"
+        self.pipeline_stats = {}
 
-    def _inputs_as_declared(self, inputs):
-        """The flat input list when ``inputs`` is a dict of exactly the input
+    def inputs_as_declared(self, inputs: Any) -> list | None:
+        """The flat input list when `inputs` is a dict of exactly the input
         names holding torch tensors of the declared dtypes and shapes on the
         Keras device (what fit, evaluate and predict feed), else None.
 
-        Keras converts, re-ranks and checks every input through pytree walks;
-        with hundreds of feature inputs that was a fifth of a training step.
-        Inputs that need any of it take Keras's own path.
+        Args:
+            inputs: what the model is called on.
+
+        Returns:
+            The tensors in Keras's flat order, or None.
         """
         declared = self._declared_inputs
         if declared is None or not isinstance(inputs, dict) \
-                or inputs.keys() != self._inputs_struct.keys():
+                or inputs.keys() != declared.names:
             return None
         flat = [inputs[key] for key in declared.keys]
-        device = torch.device(get_device()).type
         try:
             signature = [(x.dtype, x.dim(), x.device.type) for x in flat]
         except AttributeError:               # not torch tensors
             return None
-        if signature != declared.signature(device) \
+        if signature != declared.signature(_keras_compat.keras_device().type) \
                 or any(flat[i].shape[axis] != size for i, axis, size in declared.fixed_sizes):
             return None
         return flat
 
-    def _standardize_inputs(self, inputs):
-        flat = self._inputs_as_declared(inputs)
-        return flat if flat is not None else super()._standardize_inputs(inputs)
-
-    def _assert_input_compatibility(self, *args):
-        if args and self._inputs_as_declared(args[0]) is not None:
-            return
-        super()._assert_input_compatibility(*args)
-
-    def _maybe_warn_inputs_struct_mismatch(self, inputs, raise_exception=False):
-        # The common case, a dict with exactly the model's input names, is
-        # told apart in one set comparison instead of a pytree walk over every
-        # input; anything else gets Keras's own check and message.
-        if isinstance(inputs, dict) and isinstance(self._inputs_struct, dict) \
-                and inputs.keys() == self._inputs_struct.keys() \
-                and not any(isinstance(v, (dict, list, tuple)) for v in inputs.values()):
-            return
-        super()._maybe_warn_inputs_struct_mismatch(inputs, raise_exception)
-
-    def _forward(self, inputs, training):
-        """``self(inputs, training=training)``, without Keras's per-call work
+    def _forward(self, inputs: dict, training: bool):
+        """`self(inputs, training=training)`, without Keras's per-call work
         on inputs that are already as declared (what the loops feed).
 
-        ``Layer.__call__`` walks the whole input structure several times
-        (conversion, masks, symbolic checks); with hundreds of feature inputs
-        that cost ~4 ms of a ~45 ms step, twice: once for the model and once
-        for its FeatureColumns layer, which receive the same dict. Here the
-        model opens the call context itself (clearing the last call's losses
-        and passing ``training`` on, as ``__call__`` does) and runs its graph,
-        calling the built FeatureColumns layer's ``call`` directly; every
-        other layer is called as usual.
+        For the running step's batch the FeatureColumns layer is not called:
+        its output was packed once by the pipeline (`FeatureColumns.pack`),
+        and each embedding layer fed by it gets the routes the sparse-dist
+        stage planned for it. Every other layer is called as usual.
         """
-        flat = self._inputs_as_declared(inputs)
+        flat = self.inputs_as_declared(inputs)
         columns = self.feature_columns
-        if flat is None or not columns.built or \
-                global_state.get_global_attribute("current_call_ctx") is not None:
+        if flat is None or not columns.built:
             return self(inputs, training=training)
-        context = self._get_call_context()     # the model is the entry layer
-        context.set_value("training", training)
+        prepared = self._prepared if self._prepared is not None \
+            and self._prepared.inputs is inputs else None
+        replace = {columns: prepared_output(prepared) if prepared else columns.pack}
+        if prepared is not None:
+            for layer, future in prepared.routes.items():
+                replace[layer] = functools.partial(layer, training=training,
+                                                   routed=future.result())
+        outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
+        return self(inputs, training=training) if outputs is None else outputs
 
-        def operation(op):
-            return op.call if op is columns else \
-                functional_operation(op, training=training)
-
+    @contextlib.contextmanager
+    def _running(self, batch):
+        """Makes `batch` (a PreparedBatch) the one `_forward` finds prepared."""
+        self._prepared = batch
         try:
-            outputs = self._run_through_graph(flat, operation_fn=operation)
+            yield batch.data
         finally:
-            self._maybe_reset_call_context()
-        return unpack_singleton(outputs)
+            self._prepared = None
 
     # ---- structure -------------------------------------------------------------
 
@@ -138,12 +147,12 @@ class Model(keras.Model):
             self._layers_by_kind = {}
         if kind not in self._layers_by_kind:
             self._layers_by_kind[kind] = [
-                layer for layer in self._flatten_layers(include_self=False)
+                layer for layer in _keras_compat.walk_layers(self)
                 if isinstance(layer, kind)]
         return self._layers_by_kind[kind]
 
     @property
-    def feature_columns(self):
+    def feature_columns(self) -> FeatureColumns:
         """The model's FeatureColumns layer."""
         found = self._layers_of(FeatureColumns)
         if len(found) != 1:
@@ -152,31 +161,78 @@ class Model(keras.Model):
         return found[0]
 
     @property
-    def embedding_layers(self):
+    def embedding_layers(self) -> list:
+        """The model's ShardedEmbedding layers."""
         return list(self._layers_of(ShardedEmbedding))
+
+    def _layers_fed_by_columns(self):
+        """Embedding layers that look up the FeatureColumns' packed batch
+        itself, once per step: the stages may work on their ids ahead."""
+        if not hasattr(self, "_fed_layers"):
+            columns = self.feature_columns
+            names = [s.name for s in columns.sparse_specs]
+            self._fed_layers = [
+                layer for layer in self.embedding_layers
+                if [s.name for s in layer.packing.slots] == names
+                and _keras_compat.called_once_on_outputs_of(layer, columns)]
+        return self._fed_layers
 
     # ---- compile -----------------------------------------------------------------
 
-    def compile(self, optimizer="rmsprop", loss=None, embedding_optimizer=None,
-                metrics=None, **kwargs):
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
+                embedding_optimizer: Any = None, metrics: list | None = None,
+                nonfinite: str = "raise", steps_per_execution: int = 1,
+                jit_compile: bool | str = "auto", **kwargs: Any) -> None:
         """Configures training.
 
         Args:
             optimizer: Keras optimizer of the dense weights.
             loss: Keras loss.
-            embedding_optimizer: a ``rk.optimizers`` sparse optimizer (or its
+            embedding_optimizer: a `rk.optimizers` sparse optimizer (or its
                 name) for the embedding tables. Required when the model has a
                 ShardedEmbedding layer.
-            metrics: Keras metrics; ``rk.metrics.GAUC`` also receives the
+            metrics: Keras metrics; `rk.metrics.GAUC` also receives the
                 group ids of every example from the model's inputs.
-            **kwargs: other ``keras.Model.compile`` arguments.
+            nonfinite: what a training step whose loss, or any dense or
+                embedding gradient, is NaN or inf does. Either way it changes
+                no dense weight, no table row and no optimizer state.
+                `"raise"` (default): `fit` raises `NonFiniteStepError` naming
+                the step; `"skip"`: training goes on, and the skipped steps
+                are counted in `pipeline_stats["nonfinite_skipped"]`.
+            steps_per_execution: must be 1: every step runs eagerly (the
+                embedding lookup is not a traceable graph).
+            jit_compile: `False` or `"auto"` (which means False here):
+                `torch.compile` cannot trace the embedding engine's hash
+                tables, nor its optimizer applied after backward.
+            **kwargs: other `keras.Model.compile` arguments (`loss_weights`,
+                `weighted_metrics`, `run_eagerly`, `auto_scale_loss`).
+
+        Example:
+
+        ```python
+        model.compile(optimizer="adam", loss="binary_crossentropy",
+                      embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
+                      metrics=[rk.metrics.AUC()], nonfinite="skip")
+        ```
         """
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, "
+                             f"got {nonfinite!r}")
+        if jit_compile not in (False, "auto"):
+            raise ValueError("rk.Model does not support jit_compile=True: torch.compile "
+                             "cannot trace the embedding engine's hash tables and its "
+                             "sparse optimizer; use jit_compile=False (or 'auto')")
+        if steps_per_execution != 1:
+            raise ValueError(f"rk.Model runs one step per execution; got "
+                             f"steps_per_execution={steps_per_execution!r}. Every step "
+                             f"is eager already, so there is nothing to amortize")
         metrics = list(metrics or [])
         group_metrics = [m for m in metrics if isinstance(m, GAUC)]
         super().compile(optimizer=optimizer, loss=loss,
                         metrics=[m for m in metrics if not isinstance(m, GAUC)] or None,
-                        **kwargs)
+                        jit_compile=False, **kwargs)
         self._group_metrics = group_metrics
+        self.nonfinite = nonfinite
         if embedding_optimizer is None and self.embedding_layers:
             raise ValueError("the model has ShardedEmbedding tables: pass "
                              "embedding_optimizer=rk.optimizers.RowWiseAdagrad(...) "
@@ -186,36 +242,78 @@ class Model(keras.Model):
         for layer in self.embedding_layers:
             layer.engine.set_optimizer(self.embedding_optimizer)
 
-    def get_compile_config(self):
+    def get_compile_config(self) -> dict | None:
+        """The compile arguments, with the embedding optimizer and GAUC metrics.
+
+        Returns:
+            A serializable dict (None when not compiled).
+        """
         config = super().get_compile_config()
-        if config and self.embedding_optimizer is not None:
-            config["embedding_optimizer"] = sparse_optimizers.serialize(
-                self.embedding_optimizer)
-        if config and self._group_metrics:
-            config["group_metrics"] = [m.get_config() for m in self._group_metrics]
+        if config:
+            config["nonfinite"] = self.nonfinite
+            if self.embedding_optimizer is not None:
+                config["embedding_optimizer"] = sparse_optimizers.serialize(
+                    self.embedding_optimizer)
+            if self._group_metrics:
+                config["group_metrics"] = [m.get_config() for m in self._group_metrics]
         return config
 
-    def compile_from_config(self, config):
+    def compile_from_config(self, config: dict) -> None:
+        """Compiles from `get_compile_config()` (used by `load_model`).
+
+        Args:
+            config: the compile config.
+        """
         embedding_optimizer = config.pop("embedding_optimizer", None)
         group_metrics = [GAUC(**c) for c in config.pop("group_metrics", [])]
-        config = serialization_lib.deserialize_keras_object(config)
+        config = keras.saving.deserialize_keras_object(config)
         config["metrics"] = list(config.get("metrics") or []) + group_metrics
         self.compile(embedding_optimizer=embedding_optimizer, **config)
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    def embedding_stats(self):
+    # ---- state -------------------------------------------------------------------
+
+    def get_weights(self) -> WeightsWithTables:
+        """The values of `model.weights`, with this rank's embedding tables.
+
+        A list of numpy arrays as Keras's `get_weights` returns (same length
+        and order as `model.weights`), whose `tables` attribute holds a copy
+        of every table's keys, rows and optimizer state, so that
+        `set_weights` puts the model back as it was, tables included.
+
+        Returns:
+            A `WeightsWithTables`.
+        """
+        return WeightsWithTables(
+            super().get_weights(),
+            {layer.name: layer.export_tables() for layer in self.embedding_layers})
+
+    def set_weights(self, weights: list) -> None:
+        """Sets `model.weights`, and the tables when `weights` carries them.
+
+        Args:
+            weights: a list of numpy arrays as `get_weights` returns; when it
+                is `get_weights()`'s own result, the tables are restored too.
+        """
+        super().set_weights(weights)
+        for layer in self.embedding_layers:
+            tables = getattr(weights, "tables", {})
+            if layer.name in tables:
+                layer.load_tables(tables[layer.name])
+
+    def embedding_stats(self) -> dict:
         """Rows, memory and requests of every embedding table on every rank.
 
         Under torchrun every rank must call it (it gathers across ranks).
 
         Returns:
-            ``{layer name: {"per_rank": [stats of rank 0, ...],
-            "rows_imbalance": max/mean, "requests_imbalance": max/mean}}``
-            where each rank's stats hold ``requests`` and, per physical table,
-            ``dim``, ``rows`` and ``bytes`` (plus ``cache``, the device
-            cache's hit rates and traffic, for ``host_cached`` tables; see
-            ``docs/caching.md``).
+            `{layer name: {"per_rank": [stats of rank 0, ...],
+            "rows_imbalance": max/mean, "requests_imbalance": max/mean}}`
+            where each rank's stats hold `requests` and, per physical table,
+            `dim`, `rows` and `bytes` (plus `cache`, the device cache's hit
+            rates and traffic, for `host_cached` tables; see
+            `docs/caching.md`).
         """
         from reckeras.embedding.sharding import imbalance
         world = distributed.world()
@@ -232,75 +330,162 @@ class Model(keras.Model):
                 "requests_imbalance": imbalance([s["requests"] for s in per_rank])}
         return result
 
-    # ---- checkpoints -------------------------------------------------------------
-
-    def save_checkpoint(self, path):
+    def save_checkpoint(self, path: str) -> None:
         """Saves dense weights, tables and optimizer state, from every rank.
 
         Atomic (a crash leaves the previous checkpoint loadable) and
-        re-shardable: ``load_checkpoint`` works on any number of ranks. See
-        ``reckeras.embedding.checkpoint``. Every rank must call it.
+        re-shardable: `load_checkpoint` works on any number of ranks. See
+        `reckeras.embedding.checkpoint`. Every rank must call it.
 
         Args:
             path: checkpoint directory on a filesystem all ranks share.
 
         Example:
-            >>> model.save_checkpoint("ckpt/epoch3")
+
+        ```python
+        model.save_checkpoint("ckpt/epoch3")
+        ```
         """
         checkpoint.save_checkpoint(self, path)
 
-    def load_checkpoint(self, path):
-        """Restores a checkpoint saved by ``save_checkpoint`` on any world size.
+    def load_checkpoint(self, path: str) -> None:
+        """Restores a checkpoint saved by `save_checkpoint` on any world size.
 
         Args:
             path: checkpoint directory.
 
         Example:
-            >>> model.load_checkpoint("ckpt/epoch3")      # on any number of ranks
-            >>> model.fit(train, epochs=5, initial_epoch=3)
+
+        ```python
+        model.load_checkpoint("ckpt/epoch3")      # on any number of ranks
+        model.fit(train, epochs=5, initial_epoch=3)
+        ```
         """
         checkpoint.load_checkpoint(self, path)
 
     # ---- steps ---------------------------------------------------------------------
 
-    def train_step(self, data):
-        # Keras's torch train_step skips backward when there is no trainable
-        # Keras weight; here backward also trains the tables, so it always runs.
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        for layer in self.embedding_layers:
-            layer.engine.release_pins()       # left by a step that failed mid-way
-        y_pred = self._forward(x, training=True)
-        self.zero_grad()
-        loss = self._compute_loss(x=x, y=y, y_pred=y_pred,
-                                  sample_weight=sample_weight, training=True)
-        self._loss_tracker.update_state(loss, sample_weight=y.shape[0])
-        loss = self.optimizer.scale_loss(loss)
-        if loss.requires_grad:
-            loss.backward()
-        trainable = self.trainable_weights[:]
-        if trainable:
+    def train_step(self, data: tuple) -> dict:
+        """One training step, guarded: a non-finite step changes nothing.
+
+        Keras's torch `train_step`, with three differences: backward always
+        runs (it also trains the tables); the tables' updates wait until
+        backward is done and the step is known to be finite; the dense
+        gradients are averaged over the ranks.
+
+        The check costs one scalar read per step: each gradient's (and the
+        loss's) `isfinite().all()` stays on the device, the flags are stacked
+        into one, all-reduced across ranks (so every rank skips or applies
+        together) and read once.
+
+        Args:
+            data: `(x, y, sample_weight)`.
+
+        Returns:
+            The metrics' values (unchanged by a skipped step).
+        """
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        engines = [layer.engine for layer in self.embedding_layers]
+        for engine in engines:
+            engine.release_pins()       # left by a step that failed mid-way
+        with contextlib.ExitStack() as stack:
+            updates = [stack.enter_context(engine.deferred_updates()) for engine in engines]
+            y_pred = self._forward(x, training=True)
+            self.zero_grad()
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                     training=True)
+            scaled = self.optimizer.scale_loss(loss)
+            if scaled.requires_grad:
+                scaled.backward()
+            trainable = self.trainable_weights[:]
             gradients = [v.value.grad for v in trainable]
-            with torch.no_grad():
-                # Each rank's loss is a mean over its own examples: averaging
-                # the gradients gives the gradient of the global mean.
-                distributed.all_reduce_mean_([g for g in gradients if g is not None])
-                self.optimizer.apply(gradients, trainable)
+            if not self._step_is_finite(loss, gradients, updates):
+                return self._refuse_step(loss, gradients, trainable, updates)
+            for update in updates:
+                update.apply()
+            if trainable:
+                with torch.no_grad():
+                    # Each rank's loss is a mean over its own examples:
+                    # averaging the gradients gives the global mean's.
+                    distributed.all_reduce_mean_([g for g in gradients if g is not None])
+                    self.optimizer.apply(gradients, trainable)
+        _keras_compat.update_loss_tracker(self, loss, y.shape[0])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def test_step(self, data):
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+    def _step_is_finite(self, loss, gradients, updates):
+        flags = [torch.isfinite(loss).all()]
+        flags += [torch.isfinite(g).all() for g in gradients if g is not None]
+        flags += [update.finite() for update in updates]
+        finite = torch.stack(flags).all().to(torch.int32)
+        if distributed.world().size > 1:
+            with distributed.collective("agreeing that the step is finite"):
+                torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        return bool(finite)               # the step's one scalar read
+
+    def _refuse_step(self, loss, gradients, trainable, updates):
+        for update in updates:
+            update.discard()
+        self.zero_grad()
+        if self.nonfinite == "skip":
+            self.pipeline_stats["nonfinite_skipped"] = \
+                self.pipeline_stats.get("nonfinite_skipped", 0) + 1
+            return self.get_metrics_result()
+        culprits = [] if bool(torch.isfinite(loss).all()) else ["the loss"]
+        culprits += [f"the gradient of {v.path}" for v, g in zip(trainable, gradients)
+                     if g is not None and not bool(torch.isfinite(g).all())]
+        culprits += [f"an embedding gradient of {layer.name}" for layer, update in zip(
+            self.embedding_layers, updates) if not bool(update.finite())]
+        raise NonFiniteStepError(
+            f"{', '.join(culprits) or 'another rank'} is not finite (NaN or inf); "
+            f"the step was undone: no weight, table row or optimizer state changed. "
+            f"compile(nonfinite='skip') skips such steps instead")
+
+    def test_step(self, data: tuple) -> dict:
+        """One evaluation step: loss and metrics, no update.
+
+        Args:
+            data: `(x, y, sample_weight)`.
+
+        Returns:
+            The metrics' values.
+        """
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self._forward(x, training=False)
-        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                  training=False)
-        self._loss_tracker.update_state(loss, sample_weight=y.shape[0])
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                 training=False)
+        _keras_compat.update_loss_tracker(self, loss, y.shape[0])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+    def predict_step(self, data: Any) -> Any:
+        """The model's outputs for one batch (Keras's `predict_step`).
+
+        Args:
+            data: the batch's inputs, or `(x,)`, `(x, y)`, `(x, y, w)`.
+
+        Returns:
+            The outputs, as `model(x)` returns them.
+        """
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        return self._forward(x, training=False)
+
+    def compute_metrics(self, x: dict, y: Any, y_pred: Any,
+                        sample_weight: Any = None) -> dict:
+        """Updates the metrics; GAUC metrics also get their group column.
+
+        Args:
+            x: the batch's inputs.
+            y: the labels.
+            y_pred: the model's outputs.
+            sample_weight: per-example weights, or None.
+
+        Returns:
+            The metrics' values.
+        """
         for metric in self._group_metrics:
             metric.update_state(y, y_pred, sample_weight, groups=x[metric.group])
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
-    def _synced_metrics_result(self, logs):
+    def _synced_metrics_result(self):
         """Metrics over all ranks' examples (exact AUC/GAUC; summed means)."""
         if distributed.world().size > 1:
             leaves = []
@@ -314,77 +499,16 @@ class Model(keras.Model):
                     with distributed.collective("reducing metrics across ranks"):
                         for variable in metric.variables:
                             torch.distributed.all_reduce(variable.value.data)
-        return _python_logs(self._get_metrics_result_or_logs(logs))
+        return _python_logs(self.get_metrics_result())
 
     # ---- loops -----------------------------------------------------------------------
 
-    def _batches(self, data, batch_size, with_label, steps, shuffle=False, seed=0,
-                 sample_weight=None, pipeline="auto", prefetch_depth=2, training=False):
-        """The ``_Batches`` stream of ``(rows, (inputs, labels, weights))``.
-
-        Stages (see ``prefetch.Pipeline``): read this rank's shard, then
-        encode (validate, hash strings, numpy -> torch), then, when training
-        a model with ``host_cached`` tables, load the batch's rows into the
-        device caches, then on a GPU copy the batch to it (``h2d``, see
-        ``device_copy``). With ``pipeline`` (see ``_pipeline_threads``) they run
-        in background threads, ``prefetch_depth`` batches ahead, and with
-        several ranks the sparse-dist stage exchanges the next batch's ids
-        while a step runs (``sparse_dist.SparseDist``).
-        """
-        columns = self.feature_columns
-        world = distributed.world()
-        source = data.batches(batch_size, shuffle=shuffle, seed=seed,
-                              shard_index=world.rank, num_shards=world.size)
-        device = torch.device(get_device())
-        on_gpu = device.type == "cuda"
-
-        def encode(batch):
-            # On a GPU the tensors stay on the host until the h2d stage.
-            return batch.num_rows, to_tensors(columns, batch, data.label, with_label,
-                                              sample_weight, "cpu" if on_gpu else device)
-
-        stages = [("encode", encode)]
-        fed = self._engines_fed_by_columns()
-        cached = [engine for engine in fed if any(engine.caches)] if training else []
-        if cached:
-            def cache_rows(item):
-                # The same ids the step will look up: the transforms of the
-                # sparse features depend on no trained weight.
-                sparse = columns.plan.packed_sparse(item[1][0])
-                for engine in cached:
-                    engine.prefetch(sparse["ids"], sparse["offsets"])
-                return item
-
-            stages.append(("cache_prefetch", cache_rows))
-        if on_gpu:
-            stages.append((DeviceCopy.name, DeviceCopy(device)))
-        threads = _pipeline_threads(pipeline)
-        sparse_dist = SparseDist(fed, columns.plan.packed_sparse, training) \
-            if threads and fed and world.size > 1 else None
-        return _Batches(Pipeline(source, stages, depth=prefetch_depth, threads=threads),
-                        steps, sparse_dist)
-
-    def _engines_fed_by_columns(self):
-        """Engines of the layers that look up the FeatureColumns' packed
-        batch itself, once per step: the stages can work on their ids ahead."""
-        slots = [s.name for s in self.feature_columns.plan.slots]
-        return [layer.engine for layer in self.embedding_layers
-                if [s.name for s in layer.packing.slots] == slots
-                and len(layer._inbound_nodes) == 1]
-
-    def _num_steps(self, data, batch_size, limit=None):
-        """Steps every rank can take (collectives need the same count)."""
-        world = distributed.world()
-        steps = data.num_batches(batch_size, shard_index=world.rank,
-                                 num_shards=world.size)
-        if limit is not None:
-            steps = min(steps, limit)
-        if world.size > 1:
-            count = torch.tensor(steps)
-            with distributed.collective("agreeing on the number of steps"):
-                torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
-            steps = int(count)
-        return steps
+    def _stream(self, data, batch_size, steps, targets, training, shuffle=False, seed=0,
+                pipeline="auto", prefetch_depth=2):
+        return streams.EpochStream(self.feature_columns, self._layers_fed_by_columns(),
+                                   data, batch_size, steps, targets, training,
+                                   shuffle=shuffle, seed=seed, pipeline=pipeline,
+                                   prefetch_depth=prefetch_depth)
 
     def _sync_dense_weights(self):
         """Gives every rank rank 0's dense weights (once, before training)."""
@@ -399,87 +523,123 @@ class Model(keras.Model):
         if columns.needs_adapt:
             columns.adapt(b for _, b in zip(range(64), data.batches(batch_size)))
 
-    def fit(self, x=None, y=None, batch_size=4096, epochs=1, verbose=1, callbacks=None,
-            validation_data=None, shuffle=True, seed=0, steps_per_epoch=None,
-            initial_epoch=0, sample_weight=None, pipeline="auto", prefetch_depth=2):
-        """Trains the model.
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+            epochs: int = 1, verbose: int | str = "auto", callbacks: list | None = None,
+            validation_split: float = 0.0, validation_data: Any = None,
+            shuffle: bool = True, class_weight: dict | None = None,
+            sample_weight: Any = None, initial_epoch: int = 0,
+            steps_per_epoch: int | None = None, validation_steps: int | None = None,
+            validation_batch_size: int | None = None, validation_freq: int = 1,
+            seed: int = 0, pipeline: bool | str = "auto",
+            prefetch_depth: int = 2) -> keras.callbacks.History:
+        """Trains the model, with the arguments of `keras.Model.fit`.
 
         Args:
             x: a reckeras dataset, a pyarrow Table or a dict of arrays.
-            y: labels when ``x`` is a dict/Table without a ``label`` column.
-            batch_size: examples per step.
-            epochs: passes over the data.
-            verbose: 0 silent, 1 a tqdm progress bar per epoch.
-            callbacks: Keras callbacks (History is always added).
-            validation_data: data evaluated after every epoch (``val_`` logs).
+            y: labels when `x` is a dict/Table without a `label` column.
+            batch_size: examples per step on each rank (default 4096).
+            epochs: the epoch to end at.
+            verbose: `"auto"` or 1: a progress bar per epoch; 2: one line per
+                epoch; 0: silent.
+            callbacks: Keras callbacks (History is always added). Validation
+                calls their test hooks, as Keras does.
+            validation_split: fraction of in-memory data (the last rows,
+                before shuffling) held out and evaluated after every epoch.
+            validation_data: data evaluated after every epoch (`val_` logs):
+                a dataset, Table or dict, or `(x, y)` or `(x, y,
+                sample_weight)`.
             shuffle: reshuffle the batch order every epoch.
-            seed: seed of the shuffle (epoch ``e`` uses ``seed + e``).
-            steps_per_epoch: stop an epoch after this many steps.
+            class_weight: `{class index: weight}` multiplying each example's
+                loss weight by its class (the rounded label).
+            sample_weight: per-example loss weights: an array for in-memory
+                `x`, or the name of a column.
             initial_epoch: epoch to start at (to resume from a checkpoint:
-                epoch ``e`` always uses shuffle seed ``seed + e``).
-            sample_weight: name of a column of per-example loss weights.
-            pipeline: ``True`` prepares batches in background threads,
-                ``False`` inline before each step; the result is the same
-                either way. ``"auto"`` uses threads when they have a core of
-                their own: on a GPU, or when the process may use more cores
-                than torch's intra-op threads of all ranks on this machine
-                (on a CPU whose every core runs the step's math, a stage
-                thread only slows the step; see ``docs/pipeline.md``).
+                epoch `e` always uses shuffle seed `seed + e`).
+            steps_per_epoch: stop an epoch after this many steps.
+            validation_steps: evaluate at most this many steps.
+            validation_batch_size: batch size of the validation (default
+                `batch_size`).
+            validation_freq: validate after every `validation_freq`-th epoch.
+            seed: seed of the shuffle (epoch `e` uses `seed + e`).
+            pipeline: `True` prepares batches in background threads,
+                `False` inline before each step; the result is the same
+                either way. `"auto"` uses threads when they have a core of
+                their own (see `docs/pipeline.md`).
             prefetch_depth: batches each pipeline stage may run ahead.
 
         Returns:
-            The ``keras.callbacks.History``.
+            The `keras.callbacks.History`.
+
+        Example:
+
+        ```python
+        model.fit(x, y, batch_size=1024, epochs=3, validation_split=0.1,
+                  class_weight={0: 1.0, 1: 3.0},
+                  callbacks=[keras.callbacks.EarlyStopping(restore_best_weights=True)])
+        ```
         """
         if not self.compiled:
             raise RuntimeError("compile() the model before fit()")
-        data = as_data(x, y)
+        if distributed.world().size > 1 and any(
+                isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
+            raise ValueError("keras.callbacks.BackupAndRestore writes one weights file from "
+                             "every rank, each holding only its own table rows: under "
+                             "torchrun use rk.callbacks.ModelCheckpoint and "
+                             "model.load_checkpoint, which save and load sharded tables")
+        batch_size = _batch_size(batch_size)
+        verbose = _verbose(verbose)
+        if not (isinstance(validation_freq, int) and validation_freq >= 1):
+            raise ValueError(f"validation_freq must be an int >= 1, got {validation_freq!r}")
+        class_weight = check_class_weight(class_weight)
+        if class_weight is not None and sample_weight is not None:
+            raise ValueError("You cannot use class_weight and sample_weight at the same "
+                             "time (Keras's rule): fold the class weights into "
+                             "sample_weight instead")
+        data, weight = as_data(x, y, sample_weight)
+        if validation_split:
+            if not 0 < validation_split < 1:
+                raise ValueError(f"validation_split must be in (0, 1), "
+                                 f"got {validation_split!r}")
+            if validation_data is None:
+                if not hasattr(data, "split"):
+                    raise ValueError("validation_split needs in-memory data (a dict of "
+                                     "arrays or a pyarrow Table); for a dataset, pass "
+                                     "validation_data")
+                data, validation_data = data.split(validation_split)
+                validation_data = (validation_data, None, weight)
+        targets = Targets(data.label, weight, class_weight)
+        if targets.label is None:
+            raise ValueError("fit() needs labels: a 'label' column in x, or y")
         self._adapt_if_needed(data, batch_size)
         for layer in self.embedding_layers:
             layer.engine.connect()            # checks configs agree across ranks
         self._sync_dense_weights()
         verbose = verbose if distributed.world().is_main else 0
-        steps = self._num_steps(data, batch_size, steps_per_epoch)
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=False, model=self,
-            verbose=verbose, epochs=epochs, steps=steps)
+        steps = streams.agreed_steps(data, batch_size, steps_per_epoch)
+        callback_list = self._callback_list(callbacks, verbose, epochs, steps,
+                                            add_history=True)
         self.stop_training = False
         self.make_train_function()
         callback_list.on_train_begin()
-        logs = {}
+        initial_epoch = _keras_compat.initial_epoch(self, initial_epoch)
         epoch_logs = {}
         self.pipeline_stats = {}
         for epoch in range(initial_epoch, epochs):
             self.reset_metrics()
             callback_list.on_epoch_begin(epoch)
-            bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
-                       disable=not verbose, leave=True)
-            examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
-            batches = self._batches(data, batch_size, True, steps, shuffle, seed + epoch,
-                                    sample_weight, pipeline, prefetch_depth,
-                                    training=True)
-            with batches as items:
-                for step, (rows, batch) in enumerate(items):
-                    callback_list.on_train_batch_begin(step)
-                    step_started = time.perf_counter()
-                    logs = self.train_step(batch)
-                    step_s += time.perf_counter() - step_started
-                    callback_list.on_train_batch_end(step, logs)
-                    examples += rows
-                    taken += 1
-                    bar.update(1)
-                    if step % 10 == 0 or step == steps - 1:
-                        rate = examples / (time.perf_counter() - started)
-                        bar.set_postfix(loss=f"{float(logs['loss']):.4f}",
-                                        ex_s=f"{rate:,.0f}")
-                    if self.stop_training:
-                        break
-            bar.close()
-            self._record_pipeline_stats(batches, taken, step_s, examples,
-                                        time.perf_counter() - started)
-            epoch_logs = self._synced_metrics_result(logs)
-            if validation_data is not None:
-                val_logs = self.evaluate(validation_data, batch_size=batch_size,
-                                         verbose=0, return_dict=True)
+            self.train()
+            self._fit_epoch(epoch, epochs, data, batch_size, steps, targets, shuffle,
+                            seed, pipeline, prefetch_depth, callback_list, verbose)
+            epoch_logs = self._synced_metrics_result()
+            self.eval()
+            if validation_data is not None and (epoch + 1) % validation_freq == 0:
+                val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(
+                    validation_data)
+                val_logs = self.evaluate(
+                    val_x, val_y, batch_size=validation_batch_size or batch_size,
+                    verbose=0, sample_weight=val_weight, steps=validation_steps,
+                    callbacks=callback_list, return_dict=True, pipeline=pipeline,
+                    prefetch_depth=prefetch_depth)
                 epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
             callback_list.on_epoch_end(epoch, epoch_logs)
             if verbose:
@@ -490,149 +650,182 @@ class Model(keras.Model):
         callback_list.on_train_end(epoch_logs)
         return self.history
 
-    def _record_pipeline_stats(self, batches, steps, step_s, examples, seconds):
-        """Adds one epoch's figures to ``self.pipeline_stats``."""
-        epoch = batches.stats()
-        epoch["step"] = {"items": steps, "busy_s": round(step_s, 4)}
-        epoch["examples"] = examples
-        epoch["wall_s"] = round(seconds, 4)
-        totals = self.pipeline_stats
-        for name, value in epoch.items():
-            if isinstance(value, dict):
-                merged = totals.setdefault(name, {})
-                for key, number in value.items():
-                    if key == "mean_queue_occupancy":   # average over epochs
-                        count = totals.get("epochs", 0)
-                        merged[key] = round((merged.get(key, 0) * count + number)
-                                            / (count + 1), 3)
-                    else:
-                        merged[key] = round(merged.get(key, 0) + number, 4)
-            else:
-                totals[name] = round(totals.get(name, 0) + value, 4)
-        totals["epochs"] = totals.get("epochs", 0) + 1
-        totals["threads"] = batches.threads
-        totals["examples_per_s"] = round(totals["examples"] / max(totals["wall_s"], 1e-9), 1)
+    def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False):
+        """The loop's `CallbackList` (fit hands its own to its validation)."""
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            return callbacks
+        return keras.callbacks.CallbackList(callbacks, add_history=add_history,
+                                            add_progbar=False, model=self, verbose=verbose,
+                                            epochs=epochs, steps=steps)
+
+    def _fit_epoch(self, epoch, epochs, data, batch_size, steps, targets, shuffle, seed,
+                   pipeline, prefetch_depth, callback_list, verbose):
+        bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
+                   disable=verbose != 1, leave=True)
+        examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
+        stream = self._stream(data, batch_size, steps, targets, True, shuffle,
+                              seed + epoch, pipeline, prefetch_depth)
+        with stream as batches:
+            for step, batch in enumerate(batches):
+                callback_list.on_train_batch_begin(step)
+                step_started = time.perf_counter()
+                try:
+                    with self._running(batch) as step_data:
+                        logs = self.train_step(step_data)
+                except NonFiniteStepError as error:
+                    raise NonFiniteStepError(
+                        f"training step {step + 1} of epoch {epoch + 1}: {error}") from None
+                step_s += time.perf_counter() - step_started
+                callback_list.on_train_batch_end(step, logs)
+                examples += batch.rows
+                taken += 1
+                bar.update(1)
+                if step % 10 == 0 or step == steps - 1:
+                    rate = examples / (time.perf_counter() - started)
+                    bar.set_postfix(loss=f"{float(logs['loss']):.4f}", ex_s=f"{rate:,.0f}")
+                if self.stop_training:
+                    break
+        bar.close()
+        streams.add_epoch_stats(self.pipeline_stats, stream, taken, step_s, examples,
+                                time.perf_counter() - started)
         caches = {layer.name: [t["cache"] for t in layer.engine.stats()["tables"]
                                if "cache" in t] for layer in self.embedding_layers}
         caches = {name: tables for name, tables in caches.items() if tables}
         if caches:                  # cumulative since the caches were configured
-            totals["embedding_cache"] = caches
+            self.pipeline_stats["embedding_cache"] = caches
 
-    def evaluate(self, x=None, y=None, batch_size=4096, verbose=1, return_dict=False,
-                 steps=None, callbacks=None, sample_weight=None, pipeline="auto",
-                 prefetch_depth=2):
-        """Loss and metrics on data, like ``keras.Model.evaluate``.
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+                 verbose: int | str = "auto", sample_weight: Any = None,
+                 steps: int | None = None, callbacks: Any = None,
+                 return_dict: bool = False, pipeline: bool | str = "auto",
+                 prefetch_depth: int = 2) -> Any:
+        """Loss and metrics on data, like `keras.Model.evaluate`.
 
         Args:
-            x, y: as in ``fit``.
-            batch_size: examples per step.
-            verbose: 0 silent, 1 a progress bar.
-            return_dict: return ``{name: value}`` instead of a list.
+            x: as in `fit`; also `(x, y)` or `(x, y, sample_weight)`.
+            y: as in `fit`.
+            batch_size: examples per step (default 4096).
+            verbose: `"auto"` or 1: a progress bar; 0 or 2: none.
+            sample_weight: per-example loss weights (array or column name).
             steps: stop after this many steps.
-            callbacks: Keras callbacks (test hooks are called).
-            sample_weight: name of a column of per-example loss weights.
-            pipeline, prefetch_depth: as in ``fit``.
+            callbacks: Keras callbacks, or a `CallbackList` (test hooks are
+                called).
+            return_dict: return `{name: value}` instead of a list.
+            pipeline: as in `fit`.
+            prefetch_depth: as in `fit`.
+
+        Returns:
+            The loss and metric values (a scalar when there is only the loss).
+
+        Example:
+
+        ```python
+        logs = model.evaluate(test, batch_size=8192, return_dict=True)
+        ```
         """
-        data = as_data(x, y)
-        total = self._num_steps(data, batch_size, steps)
-        verbose = verbose if distributed.world().is_main else 0
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, model=self, verbose=verbose, epochs=1, steps=total)
+        if isinstance(x, tuple) and y is None and sample_weight is None:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(x)
+        batch_size = _batch_size(batch_size)
+        verbose = _verbose(verbose) if distributed.world().is_main else 0
+        data, weight = as_data(x, y, sample_weight)
+        if data.label is None:
+            raise ValueError("evaluate() needs labels: a 'label' column in x, or y")
+        total = streams.agreed_steps(data, batch_size, steps)
+        callback_list = self._callback_list(callbacks, verbose, 1, total)
         self.reset_metrics()
         callback_list.on_test_begin()
-        logs = {}
-        with torch.no_grad(), self._batches(data, batch_size, True, total,
-                                            sample_weight=sample_weight, pipeline=pipeline,
-                                            prefetch_depth=prefetch_depth) as items:
-            for step, (_, batch) in enumerate(tqdm(
-                    items, total=total, desc="Evaluate",
-                    unit="step", disable=not verbose)):
+        stream = self._stream(data, batch_size, total, Targets(data.label, weight), False,
+                              pipeline=pipeline, prefetch_depth=prefetch_depth)
+        with torch.no_grad(), stream as batches:
+            for step, batch in enumerate(tqdm(batches, total=total, desc="Evaluate",
+                                              unit="step", disable=verbose != 1)):
                 callback_list.on_test_batch_begin(step)
-                logs = self.test_step(batch)
+                with self._running(batch) as step_data:
+                    logs = self.test_step(step_data)
                 callback_list.on_test_batch_end(step, logs)
-        logs = self._synced_metrics_result(logs)
+        logs = self._synced_metrics_result()
         callback_list.on_test_end(logs)
         if return_dict:
             return logs
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
-    def predict(self, x, batch_size=4096, verbose=0, steps=None, callbacks=None,
-                pipeline="auto", prefetch_depth=2):
-        """Model outputs for every example of ``x``, as numpy.
+    def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = "auto",
+                steps: int | None = None, callbacks: Any = None,
+                pipeline: bool | str = "auto", prefetch_depth: int = 2) -> Any:
+        """Model outputs for every example of `x`, as numpy.
 
         Args:
             x: a reckeras dataset, a pyarrow Table or a dict of arrays.
-            batch_size: examples per step.
-            verbose: 0 silent, 1 a progress bar.
+            batch_size: examples per step (default 4096).
+            verbose: `"auto"` or 1: a progress bar; 0 or 2: none.
             steps: stop after this many steps.
-            callbacks: unused by reckeras; accepted for Keras compatibility.
-            pipeline, prefetch_depth: as in ``fit``.
+            callbacks: Keras callbacks (predict hooks are called; each batch's
+                `on_predict_batch_end` logs hold its `outputs`).
+            pipeline: as in `fit`.
+            prefetch_depth: as in `fit`.
+
+        Returns:
+            The outputs of every example, concatenated (numpy, or a dict or
+            list of numpy arrays for a model with several outputs).
+
+        Example:
+
+        ```python
+        scores = model.predict(test, batch_size=8192)[:, 0]
+        ```
         """
-        data = as_data(x)
-        total = self._num_steps(data, batch_size, steps)
+        batch_size = _batch_size(batch_size)
+        verbose = _verbose(verbose) if distributed.world().is_main else 0
+        data, _ = as_data(x)
+        total = streams.agreed_steps(data, batch_size, steps)
+        callback_list = self._callback_list(callbacks, verbose, 1, total)
+        callback_list.on_predict_begin()
         outputs = []
-        with torch.no_grad(), self._batches(data, batch_size, False, total,
-                                            pipeline=pipeline,
-                                            prefetch_depth=prefetch_depth) as items:
-            for inputs, _, _ in tqdm((batch for _, batch in items),
-                                     total=total, desc="Predict", unit="step",
-                                     disable=not verbose):
-                outputs.append(keras.ops.convert_to_numpy(self._forward(inputs, False)))
+        stream = self._stream(data, batch_size, total, Targets(), False,
+                              pipeline=pipeline, prefetch_depth=prefetch_depth)
+        with torch.no_grad(), stream as batches:
+            for step, batch in enumerate(tqdm(batches, total=total, desc="Predict",
+                                              unit="step", disable=verbose != 1)):
+                callback_list.on_predict_batch_begin(step)
+                with self._running(batch) as step_data:
+                    batch_outputs = keras.tree.map_structure(
+                        keras.ops.convert_to_numpy, self.predict_step(step_data))
+                outputs.append(batch_outputs)
+                callback_list.on_predict_batch_end(step, {"outputs": batch_outputs})
+        callback_list.on_predict_end()
         if not outputs:
             raise ValueError("predict() received no data")
-        return np.concatenate(outputs)
+        return keras.tree.map_structure_up_to(
+            outputs[0], lambda *parts: np.concatenate(parts), *outputs)
 
 
-class _Batches:
-    """A fit/evaluate/predict loop's batches: the host pipeline, capped at the
-    steps every rank takes, then (with several ranks) the sparse-dist stage.
+def prepared_output(batch: streams.PreparedBatch) -> Callable:
+    """A stand-in for the FeatureColumns layer in the graph.
 
-    The cap comes before the sparse-dist stage: that stage's key exchanges
-    are collectives, so every rank must submit exactly the same batches.
+    Args:
+        batch: a batch the pipeline packed once (`FeatureColumns.pack`).
+
+    Returns:
+        A function returning `batch.packed` whatever it is called with.
     """
-
-    def __init__(self, pipeline, steps, sparse_dist):
-        self.pipeline, self.steps, self.sparse_dist = pipeline, steps, sparse_dist
-
-    @property
-    def threads(self):
-        return self.pipeline.threads
-
-    def __enter__(self):
-        # On a GPU, ``ready`` orders this thread's stream after each batch's copy.
-        items = map(device_copy.ready,
-                    itertools.islice(self.pipeline.__enter__(), self.steps))
-        return self.sparse_dist.ahead(items) if self.sparse_dist else items
-
-    def __exit__(self, kind, error, traceback):
-        try:
-            if self.sparse_dist:
-                self.sparse_dist.__exit__(kind, error, traceback)
-        finally:
-            self.pipeline.close()
-        return False
-
-    def stats(self):
-        """The pipeline's stats, plus the sparse-dist stage's when it ran."""
-        stats = self.pipeline.stats()
-        if self.sparse_dist:
-            stats[self.sparse_dist.name] = self.sparse_dist.stats()
-        return stats
+    return lambda *args, **kwargs: batch.packed
 
 
-def _pipeline_threads(pipeline):
-    """Whether the pipeline stages of ``fit(pipeline=...)`` run in threads."""
-    if isinstance(pipeline, bool):
-        return pipeline
-    if pipeline != "auto":
-        raise ValueError(f"pipeline must be True, False or 'auto', got {pipeline!r}")
-    if torch.device(get_device()).type == "cuda":
-        return True                      # the step's math runs on the GPU
-    # Under torchrun the ranks of this machine share its cores (torchrun
-    # usually gives each rank one torch thread), so count all of their threads.
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return len(os.sched_getaffinity(0)) > torch.get_num_threads() * ranks_here
+def _batch_size(batch_size):
+    if batch_size is None:
+        return 4096
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return batch_size
+
+
+def _verbose(verbose):
+    if verbose == "auto":
+        return 1
+    if verbose not in (0, 1, 2):
+        raise ValueError(f"verbose must be 'auto', 0, 1 or 2, got {verbose!r}")
+    return verbose
 
 
 class _DeclaredInputs:
@@ -641,14 +834,15 @@ class _DeclaredInputs:
 
     def __init__(self, keys, tensors):
         self.keys = keys
-        self._dtypes_and_ranks = [(to_torch_dtype(t.dtype), len(t.shape)) for t in tensors]
+        self.names = set(keys)
+        self._dtypes_and_ranks = [(_keras_compat.torch_dtype(t.dtype), len(t.shape))
+                                  for t in tensors]
         self._signatures = {}
         self.fixed_sizes = [(index, axis, size) for index, t in enumerate(tensors)
                             for axis, size in enumerate(t.shape) if size is not None]
 
-
     def signature(self, device_type):
-        """``(dtype, rank, device type)`` of every input, in flat order."""
+        """`(dtype, rank, device type)` of every input, in flat order."""
         if device_type not in self._signatures:
             self._signatures[device_type] = [(dtype, rank, device_type)
                                              for dtype, rank in self._dtypes_and_ranks]
@@ -656,7 +850,7 @@ class _DeclaredInputs:
 
 
 def _declared_inputs(inputs_struct):
-    """``_DeclaredInputs`` of a dict of ``keras.Input``; None for other structures."""
+    """`_DeclaredInputs` of a dict of `keras.Input`; None for other structures."""
     if not isinstance(inputs_struct, dict) or any(
             not isinstance(t, keras.KerasTensor) or t.sparse or t.ragged
             for t in inputs_struct.values()):
@@ -667,4 +861,3 @@ def _declared_inputs(inputs_struct):
 
 def _python_logs(logs):
     return {name: float(keras.ops.convert_to_numpy(value)) for name, value in logs.items()}
-

@@ -1,28 +1,31 @@
 """A multistage prefetch pipeline: host stages run ahead of the training step.
 
 Each stage is a function applied, in order, to every item the previous stage
-produced. With ``threads=True`` every stage runs in its own thread, joined to
-the next by a bounded queue (``depth`` items), so while the main thread runs
+produced. With `threads=True` every stage runs in its own thread, joined to
+the next by a bounded queue (`depth` items), so while the main thread runs
 the step of batch i, the stages already prepare batches i+1, i+2, ... Items
 keep their order (one thread per stage), so the result is the same as running
-the stages one after another (``threads=False``), which is what training
+the stages one after another (`threads=False`), which is what training
 exactness needs: only host-side preparation moves ahead, never a read of
 embedding rows.
 
 Shutdown is clean: an exception inside a stage stops every stage and is
 re-raised in the consuming thread with its original traceback; an exception
-or KeyboardInterrupt in the consumer (or leaving the ``with`` block early)
+or KeyboardInterrupt in the consumer (or leaving the `with` block early)
 stops and joins every thread.
 
-``stats()`` reports, per stage, the items processed, the seconds spent
-working, and the mean occupancy of its output queue (near ``depth``: the
+`stats()` reports, per stage, the items processed, the seconds spent
+working, and the mean occupancy of its output queue (near `depth`: the
 consumer is the bottleneck; near 0: this stage or one before it is), plus the
 seconds the consumer waited for input.
 """
 
+from __future__ import annotations
+
 import queue
 import threading
 import time
+from typing import Any, Callable, Iterable, Iterator
 
 _END = object()
 
@@ -34,9 +37,14 @@ class _Failure:
 
 
 class Stage:
-    """One named step of the pipeline and what it has done so far."""
+    """One named step of the pipeline and what it has done so far.
 
-    def __init__(self, name, fn):
+    Args:
+        name: the stage's name in `stats()`.
+        fn: the function applied to every item.
+    """
+
+    def __init__(self, name: str, fn: Callable):
         self.name = name
         self.fn = fn
         self.items = 0
@@ -44,34 +52,46 @@ class Stage:
         self.occupancy_sum = 0
         self.occupancy_samples = 0
 
-    def run(self, item):
+    def run(self, item: Any) -> Any:
+        """`fn(item)`, timed and counted.
+
+        Args:
+            item: the previous stage's output.
+
+        Returns:
+            This stage's output.
+        """
         started = time.perf_counter()
         result = self.fn(item)
         self.busy_s += time.perf_counter() - started
         self.items += 1
         return result
 
-    def stats(self):
+    def stats(self) -> dict:
+        """Items processed, busy seconds and mean output-queue occupancy."""
         samples = max(self.occupancy_samples, 1)
         return {"items": self.items, "busy_s": round(self.busy_s, 4),
                 "mean_queue_occupancy": round(self.occupancy_sum / samples, 3)}
 
 
 class Pipeline:
-    """Runs ``source`` through ``stages`` ahead of the consumer.
+    """Runs `source` through `stages` ahead of the consumer.
 
     Args:
         source: an iterable of raw items (produced by the first thread).
-        stages: list of ``(name, fn)``.
+        stages: list of `(name, fn)`.
         depth: capacity of each queue between stages.
         threads: run stages in background threads (else inline, in order).
 
     Example:
-        >>> with Pipeline(range(10), [("square", lambda x: x * x)]) as items:
-        ...     total = sum(items)
+
+    ```python
+    with Pipeline(range(10), [("square", lambda x: x * x)]) as items:
+        total = sum(items)
+    ```
     """
 
-    def __init__(self, source, stages, depth=2, threads=True):
+    def __init__(self, source: Iterable, stages: list, depth: int = 2, threads: bool = True):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.source = source
@@ -92,7 +112,7 @@ class Pipeline:
         self.close()
         return False
 
-    def close(self):
+    def close(self) -> None:
         """Stops every stage and joins its thread."""
         self._stop.set()
         for worker in self._workers:
@@ -194,7 +214,7 @@ class Pipeline:
             if not self._put(outbox, result):
                 return
 
-    def stats(self):
+    def stats(self) -> dict:
         """Per-stage items, busy seconds and queue occupancy; consumer wait."""
         stats = {stage.name: stage.stats() for stage in self.stages}
         stats["consumer_wait_s"] = round(self.wait_s, 4)

@@ -1,7 +1,7 @@
 """The sparse-dist stage: batch i+1's id exchange runs while step i computes.
 
 With several ranks, a training step's embedding lookup first deduplicates the
-batch's keys and sends them to the ranks that own them (``comm``), and only
+batch's keys and sends them to the ranks that own them (`comm`), and only
 then can the owners return rows. That key exchange depends on the data alone,
 so this stage does it one batch ahead, on a thread of its own, while the main
 thread runs the current step (TorchRec calls it the sparse-dist pipeline).
@@ -9,38 +9,42 @@ thread runs the current step (TorchRec calls it the sparse-dist pipeline).
 Every rank must exchange the same batches in the same order. So the stage is
 driven from the main thread, which is in lockstep across ranks: before it
 hands batch i to the step it submits batch i+1 to the stage's single worker
-(``SparseDist.ahead``). Rows are still read and created by the owners inside
-the step, so the result equals that of the lookup routing its own keys (DESIGN
-invariant 3).
+(`SparseDist.ahead`). The futures of a batch's routes travel in the batch
+(`PreparedBatch.routes`, one per layer), and the step hands each layer its
+own. Rows are still read and created by the owners inside the step, so the
+result equals that of the lookup routing its own keys (DESIGN invariant 3).
 """
+
+from __future__ import annotations
 
 import concurrent.futures
 import queue
 import threading
 import time
+from typing import Iterable, Iterator
 
 
 class SparseDist:
     """Plans the embedding routes of the next batch beside the running step.
 
     Args:
-        engines: the ``EmbeddingEngine`` of every layer fed straight by the
-            model's FeatureColumns, once per step.
-        pack: maps a batch's model inputs to the packed sparse batch
-            (``{"ids", "offsets"}``) those layers will look up.
+        layers: the ShardedEmbedding layers fed straight by the model's
+            FeatureColumns, once per step.
         training: whether the batches are training batches.
 
     Example:
-        >>> with SparseDist(engines, columns.plan.packed_sparse, True) as stage:
-        ...     for rows, (inputs, labels, weights) in stage.ahead(batches):
-        ...         model.train_step((inputs, labels, weights))
+
+    ```python
+    with SparseDist(layers, training=True) as stage:
+        for batch in stage.ahead(batches):      # stream.PreparedBatch items
+            routed = batch.routes[layers[0]].result()
+    ```
     """
 
     name = "sparse_dist"
 
-    def __init__(self, engines, pack, training):
-        self.engines = engines
-        self.pack = pack
+    def __init__(self, layers: list, training: bool):
+        self.layers = layers
         self.training = training
         self.items = 0
         self.busy_s = 0.0
@@ -53,16 +57,24 @@ class SparseDist:
                                         name="reckeras-sparse-dist")
         self._worker.start()
 
-    def __enter__(self):
+    def __enter__(self) -> "SparseDist":
         return self
 
     def __exit__(self, kind, error, traceback):
         self.close(wait=not isinstance(error, KeyboardInterrupt))
         return False
 
-    def ahead(self, items):
-        """Yields ``items`` (``(rows, (inputs, labels, weights))``) in order,
-        each after the routes of the one that follows it were submitted."""
+    def ahead(self, items: Iterable) -> Iterator:
+        """Yields the packed batches `items` in order, each after the routes
+        of the one that follows it were submitted.
+
+        Args:
+            items: `stream.PreparedBatch` items, packed.
+
+        Returns:
+            The same items; each one's `routes` maps every layer to the future
+            of its `RoutedBatch`.
+        """
         iterator = iter(items)
         current = next(iterator, None)
         if current is None:
@@ -74,40 +86,42 @@ class SparseDist:
             current = following
         yield current
 
-    def _submit(self, item):
-        """Queues one batch: one future per engine, in the engines' order."""
+    def _submit(self, batch):
+        """Queues one batch: one future per layer, kept in the batch."""
         self._pending = [f for f in self._pending if not f.done()]
-        futures = [concurrent.futures.Future() for _ in self.engines]
-        self._jobs.put((futures, item[1][0]))
+        futures = [concurrent.futures.Future() for _ in self.layers]
+        batch.routes.update(zip(self.layers, futures))
+        self._jobs.put((futures, batch.packed[1]))
         self._pending.extend(futures)
-        for engine, future in zip(self.engines, futures):
-            engine.expect_routed(future)
 
     def _work(self):
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            futures, inputs = job
-            sparse = None
-            for engine, future in zip(self.engines, futures):
+            futures, sparse = job
+            for layer, future in zip(self.layers, futures):
                 if not future.set_running_or_notify_cancel():
                     continue
                 started = time.perf_counter()
                 try:
-                    sparse = sparse or self.pack(inputs)   # once per batch
-                    future.set_result(engine.route_ahead(
+                    future.set_result(layer.engine.route_ahead(
                         sparse["ids"], sparse["offsets"], self.training))
                 except BaseException as error:   # re-raised by the step's lookup
                     future.set_exception(error)
                 self.busy_s += time.perf_counter() - started
                 self.items += 1
 
-    def close(self, wait=True):
-        """Forgets the routes no step took. With ``wait`` (every exit but a
-        KeyboardInterrupt) it first lets the exchanges already submitted
-        finish: every rank submitted the same ones, so they complete, and a
-        later loop's exchanges then never run beside them."""
+    def close(self, wait: bool = True) -> None:
+        """Stops the worker. With `wait` (every exit but a KeyboardInterrupt)
+        it first lets the exchanges already submitted finish: every rank
+        submitted the same ones, so they complete, and a later loop's
+        exchanges then never run beside them; without, the ones not started
+        are cancelled.
+
+        Args:
+            wait: wait for the submitted exchanges.
+        """
         if wait:
             concurrent.futures.wait(self._pending)
         else:
@@ -116,8 +130,7 @@ class SparseDist:
         self._jobs.put(None)
         if wait:
             self._worker.join()
-        for engine in self.engines:
-            engine.clear_routed()
 
-    def stats(self):
+    def stats(self) -> dict:
+        """Batch-layer routes planned and the seconds spent on them."""
         return {"items": self.items, "busy_s": round(self.busy_s, 4)}

@@ -1,23 +1,25 @@
-"""The h2d stage (``device_copy``): on a GPU, pipelined training with the
-copy on its own stream equals the same stages run inline; here (no GPU) the
-stage refuses a CPU device and items no stage copied pass ``ready`` as they
-are."""
+"""The h2d stage (`device_copy`): on a GPU, pipelined training with the
+copy and the packing on its own stream equals the same stages run inline;
+here (no GPU) the stage refuses a CPU device and items no stage copied pass
+`ready` as they are."""
 
 import numpy as np
 import pytest
 import torch
 
-from reckeras.pipeline.device_copy import DeviceCopy, ready
+from reckeras.pipeline.device_copy import DeviceCopy, ready, wait_for_copy
+from reckeras.pipeline.stream import PreparedBatch
 
 
 def test_items_not_copied_pass_unchanged():
-    item = (3, ({"a": torch.arange(3)}, torch.ones(3), None))
+    item = PreparedBatch(3, {"a": torch.arange(3)}, torch.ones(3), None)
     assert ready(item) is item
+    assert wait_for_copy(item) is item
 
 
 def test_refuses_a_device_other_than_cuda():
     with pytest.raises(ValueError, match="CUDA"):
-        DeviceCopy("cpu")
+        DeviceCopy("cpu", pack=lambda batch: batch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

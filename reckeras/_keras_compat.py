@@ -1,0 +1,238 @@
+"""The one door into Keras internals.
+
+Everything reckeras takes from `keras.src` or from a private Keras member is
+reached through this module, and each shim has a test in
+`tests/test_keras_compat.py`. When a Keras upgrade moves or changes one of
+them, that test fails and this file is the only place to mend.
+
+`pyproject.toml` admits the Keras releases CI runs the suite on: the newest
+(`scripts/test.sh`) and the oldest (`scripts/test_oldest_keras.sh`). The range
+stops before 3.16: Keras's main branch after 3.15 wraps the model in DDP
+inside `make_train_function` and all-reduces metric variables in
+`get_metrics_result`, while reckeras averages gradients and reduces metrics
+itself, so that release must be checked (and this module mended) before the
+range is widened.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import torch
+from keras.src.backend import in_stateless_scope as _in_stateless_scope
+from keras.src.backend.common import global_state as _global_state
+from keras.src.backend.torch import core as _torch_core
+from keras.src.models import functional as _functional
+
+# ---- backend ---------------------------------------------------------------------
+
+def keras_device() -> torch.device:
+    """The torch device Keras places tensors on (`cuda` when available).
+
+    Returns:
+        A `torch.device`.
+    """
+    return torch.device(_torch_core.get_device())
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a Keras dtype name (`"float32"` -> `torch.float32`).
+
+    Args:
+        dtype: a Keras dtype name.
+
+    Returns:
+        The `torch.dtype`.
+    """
+    return _torch_core.to_torch_dtype(dtype)
+
+
+def in_stateless_scope() -> bool:
+    """Whether Keras is tracing a stateless call (no variable may change).
+
+    Returns:
+        True inside `keras.StatelessScope`.
+    """
+    return _in_stateless_scope()
+
+
+# ---- layers ----------------------------------------------------------------------
+
+def accept_raw_inputs(layer: keras.layers.Layer) -> None:
+    """Lets `layer.__call__` pass its positional inputs through unconverted.
+
+    A layer that converts raw columns itself (FeatureColumns, hundreds of
+    inputs) would otherwise pay Keras's per-input conversion, a pytree walk
+    per call, only to repeat it.
+
+    Args:
+        layer: the layer, in its `__init__`.
+    """
+    layer._convert_input_args = False
+    layer._allow_non_tensor_positional_args = True
+
+
+def walk_layers(model: keras.Model) -> list:
+    """Every layer inside `model`, nested models included, each once.
+
+    Args:
+        model: a built Keras model.
+
+    Returns:
+        The layers, without `model` itself.
+    """
+    return list(model._flatten_layers(include_self=False))
+
+
+# ---- trainer ---------------------------------------------------------------------
+
+def update_loss_tracker(model: keras.Model, loss: torch.Tensor, count: int) -> None:
+    """Adds a step's loss to the `loss` entry of `model.metrics`.
+
+    Args:
+        model: a compiled Keras model.
+        loss: the step's (scalar) loss.
+        count: the examples it averages over.
+    """
+    model._loss_tracker.update_state(loss, sample_weight=count)
+
+
+def initial_epoch(model: keras.Model, requested: int) -> int:
+    """The epoch `fit` starts at: a callback's choice (`BackupAndRestore`
+    sets one in `on_train_begin`) or else the one `fit` was given.
+
+    Args:
+        model: the model being fitted.
+        requested: `fit`'s `initial_epoch` argument.
+
+    Returns:
+        The epoch to start at.
+    """
+    return getattr(model, "_initial_epoch", None) or requested
+
+
+# ---- functional graph --------------------------------------------------------------
+
+def run_functional_graph(model: keras.Model, flat_inputs: list, training: bool,
+                         replace: dict) -> Any:
+    """Runs a functional model's graph on flat inputs, without `__call__`.
+
+    `Layer.__call__` walks the whole input structure several times
+    (conversion, masks, symbolic checks); with hundreds of feature inputs
+    that is a measurable part of a step. Here the model opens the call context
+    itself (clearing the last call's losses and passing `training` on, as
+    `__call__` does) and runs its graph.
+
+    Args:
+        model: a built functional model whose inputs `flat_inputs` already
+            match (dtype, rank, device), in Keras's flat order.
+        flat_inputs: the input tensors.
+        training: the `training` flag passed to every layer that takes one.
+        replace: `{layer: fn}`: the graph calls `fn(*args, **kwargs)` instead
+            of the layer (`fn` passes `training` on itself where it should).
+
+    Returns:
+        The model's outputs, as `model(...)` returns them, or None when a
+        call context is already open (the model is called inside another
+        layer): the caller then calls the model as usual.
+    """
+    if _global_state.get_global_attribute("current_call_ctx") is not None:
+        return None
+    context = model._get_call_context()        # the model is the entry layer
+    context.set_value("training", training)
+
+    def operation(op):
+        return replace.get(op) or _functional.operation_fn(op, training=training)
+
+    try:
+        outputs = model._run_through_graph(flat_inputs, operation_fn=operation)
+    finally:
+        model._maybe_reset_call_context()
+    return _functional.unpack_singleton(outputs)
+
+
+def functional_inputs(model: keras.Model) -> Any:
+    """The structure of `keras.Input` a functional model was built on.
+
+    Args:
+        model: a functional model.
+
+    Returns:
+        The inputs as declared (a dict for `rk.Model`).
+    """
+    return model._inputs_struct
+
+
+class DeclaredInputsShortcut:
+    """Mixin for a functional `keras.Model`: inputs that already match what
+    the model declares skip Keras's per-call standardization.
+
+    Keras converts, re-ranks and checks every input through pytree walks;
+    with hundreds of feature inputs that was a fifth of a training step. The
+    mixin asks `self.inputs_as_declared(inputs)` (the subclass's fast check:
+    the flat input list, or None) and gives every other input Keras's own
+    path and messages.
+    """
+
+    def inputs_as_declared(self, inputs: Any) -> list | None:
+        """The flat input list when `inputs` match the declaration, else None.
+
+        Args:
+            inputs: what the model is called on.
+
+        Returns:
+            The tensors in Keras's flat order, or None.
+        """
+        raise NotImplementedError
+
+    def _standardize_inputs(self, inputs):
+        flat = self.inputs_as_declared(inputs)
+        return flat if flat is not None else super()._standardize_inputs(inputs)
+
+    def _assert_input_compatibility(self, *args):
+        if args and self.inputs_as_declared(args[0]) is not None:
+            return
+        super()._assert_input_compatibility(*args)
+
+    def _maybe_warn_inputs_struct_mismatch(self, inputs, raise_exception=False):
+        # A dict with exactly the model's input names is told apart in one set
+        # comparison instead of a pytree walk over every input.
+        struct = self._inputs_struct
+        if isinstance(inputs, dict) and isinstance(struct, dict) \
+                and inputs.keys() == struct.keys() \
+                and not any(isinstance(v, (dict, list, tuple)) for v in inputs.values()):
+            return
+        super()._maybe_warn_inputs_struct_mismatch(inputs, raise_exception)
+
+
+def freeze_input_spec(model: keras.Model) -> None:
+    """Builds a functional model's input spec once.
+
+    Keras rebuilds it (one InputSpec per input) on every call; with hundreds
+    of feature inputs that showed in the step time, and the graph is fixed.
+
+    Args:
+        model: a functional model, in its `__init__`.
+    """
+    model.input_spec = model.input_spec
+
+
+def called_once_on_outputs_of(layer: keras.layers.Layer,
+                              source: keras.layers.Layer) -> bool:
+    """Whether `layer` is called exactly once in its graph, on outputs of
+    `source` only.
+
+    Args:
+        layer: a layer of a functional model.
+        source: another layer of it.
+
+    Returns:
+        True when the layer has one inbound node and every tensor it takes
+        comes straight from a call of `source`.
+    """
+    nodes = layer._inbound_nodes
+    if len(nodes) != 1:
+        return False
+    parents = nodes[0].parent_nodes
+    return bool(parents) and all(parent.operation is source for parent in parents)

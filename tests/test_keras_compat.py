@@ -1,0 +1,170 @@
+"""One test per shim of `reckeras._keras_compat`, the one door into Keras
+internals: a Keras release that moves or changes one fails here first."""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+import torch
+
+import reckeras as rk
+from reckeras import _keras_compat as compat
+
+
+def small_model():
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=4)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
+    hidden = keras.layers.Dense(3, name="hidden")(keras.layers.Concatenate()([dense, embedded]))
+    return rk.Model(inputs, keras.layers.Dense(1)(hidden)), columns
+
+
+def tensors(n=5):
+    return {"n": torch.linspace(0, 1, n), "a": torch.arange(n, dtype=torch.int64)}
+
+
+def test_keras_device_and_torch_dtype():
+    assert compat.keras_device() == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert compat.torch_dtype("float32") is torch.float32
+    assert compat.torch_dtype("int64") is torch.int64
+
+
+def test_in_stateless_scope():
+    assert compat.in_stateless_scope() is False
+    with keras.StatelessScope():
+        assert compat.in_stateless_scope() is True
+
+
+def test_accept_raw_inputs_passes_lists_through_unconverted():
+    seen = []
+
+    class Raw(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            compat.accept_raw_inputs(self)
+
+        def call(self, x):
+            seen.append(type(x))
+            return torch.as_tensor(x, dtype=torch.float32)
+
+    Raw()([1.0, 2.0])
+    assert seen == [list]
+
+
+def test_walk_layers_finds_nested_layers_once():
+    model, columns = small_model()
+    inner = keras.Sequential([keras.layers.Dense(2, name="inner_dense")])
+    outer = keras.Model(model.inputs, inner(model.outputs[0]))
+    names = [layer.name for layer in compat.walk_layers(outer)]
+    assert "inner_dense" in names and columns.name in names and "hidden" in names
+    assert len(names) == len(set(names)) and outer.name not in names
+
+
+def test_update_loss_tracker_feeds_the_loss_metric():
+    model, _ = small_model()
+    model.compile(optimizer="sgd", loss="mse", embedding_optimizer="sgd")
+    compat.update_loss_tracker(model, torch.tensor(2.0), 3)
+    compat.update_loss_tracker(model, torch.tensor(4.0), 1)
+    assert float(model.get_metrics_result()["loss"]) == pytest.approx(2.5)
+
+
+def test_initial_epoch_prefers_a_callbacks_choice(tmp_path):
+    model, _ = small_model()
+    assert compat.initial_epoch(model, 2) == 2
+    # BackupAndRestore sets Keras's private attribute when it restores.
+    model._initial_epoch = 4
+    assert compat.initial_epoch(model, 0) == 4
+
+
+def test_run_functional_graph_equals_call_and_replaces_layers():
+    model, columns = small_model()
+    x = tensors()
+    expected = model(x).detach().numpy()
+    flat = model.inputs_as_declared(x)
+    out = compat.run_functional_graph(model, flat, False, {})
+    np.testing.assert_array_equal(out.detach().numpy(), expected)
+    # A replaced layer is not called; its stand-in's output flows on.
+    packed = columns.pack(x)
+    calls = []
+    out = compat.run_functional_graph(
+        model, flat, False, {columns: lambda *a, **k: calls.append(1) or packed})
+    assert calls == [1]
+    np.testing.assert_array_equal(out.detach().numpy(), expected)
+    # Inside another layer's call the caller must call the model itself.
+    with _open_context(model):
+        assert compat.run_functional_graph(model, flat, False, {}) is None
+
+
+class _open_context:
+    """The model's call context held open, as when it runs inside a layer."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.model._get_call_context()
+
+    def __exit__(self, *exc):
+        self.model._maybe_reset_call_context()
+
+
+def test_functional_inputs_are_the_declared_dict():
+    model, columns = small_model()
+    declared = compat.functional_inputs(model)
+    assert set(declared) == {"n", "a"}
+    assert all(isinstance(t, keras.KerasTensor) for t in declared.values())
+
+
+def test_declared_inputs_shortcut_keeps_keras_checks_for_other_inputs():
+    model, _ = small_model()
+    x = tensors()
+    assert model.inputs_as_declared(x) is not None
+    np.testing.assert_allclose(model({k: v.numpy() for k, v in x.items()}).detach().numpy(),
+                               model(x).detach().numpy())
+    with pytest.raises(Exception, match="a"):
+        model({"n": x["n"]})                  # Keras's own message for a missing input
+
+
+def test_freeze_input_spec_keeps_one_spec_object():
+    model, _ = small_model()
+    spec = model.input_spec
+    compat.freeze_input_spec(model)
+    assert model.input_spec is model.input_spec
+    assert len(model.input_spec) == len(spec)
+
+
+def test_called_once_on_outputs_of():
+    model, columns = small_model()
+    embedding = model.embedding_layers[0]
+    assert compat.called_once_on_outputs_of(embedding, columns)
+    assert not compat.called_once_on_outputs_of(model.get_layer("hidden"), columns)
+    assert not compat.called_once_on_outputs_of(embedding, model.get_layer("hidden"))
+    inputs = columns.inputs()
+    embedding(columns(inputs)[1])                 # a second call
+    assert not compat.called_once_on_outputs_of(embedding, columns)
+
+
+# Private Keras members reckeras once used directly: each now has a shim here.
+PRIVATE_KERAS_MEMBERS = (
+    "_inbound_nodes", "_run_through_graph", "_get_call_context", "_loss_tracker",
+    "_compute_loss", "_flatten_layers", "_convert_input_args",
+    "_allow_non_tensor_positional_args", "_inputs_struct", "_get_metrics_result_or_logs",
+    "_maybe_reset_call_context", "_standardize_inputs", "_assert_input_compatibility",
+    "_maybe_warn_inputs_struct_mismatch", "_initial_epoch", "_call_context_args")
+
+
+def test_keras_internals_only_through_the_compat_module():
+    import pathlib
+    package = pathlib.Path(rk.__file__).parent
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "_keras_compat.py":
+            continue
+        text = path.read_text()
+        offenders += [f"{path.relative_to(package)}: keras.src"] if "keras.src" in text else []
+        offenders += [f"{path.relative_to(package)}: {name}" for name in PRIVATE_KERAS_MEMBERS
+                      if re.search(rf"\b{name}\b", text)]
+    assert not offenders, offenders
