@@ -9,16 +9,17 @@ give bit-identical results on any device:
 * `hash_strings(data, offsets)`: FNV-1a 64 over the UTF-8 bytes, then
   `mix64`, then the sign bit cleared, so string ids become non-negative
   int64 ids.
-* `hash_combine(columns)`: `mix64(h * K + b)` folded left over 2-3 columns,
-  starting from `mix64` of the first; used for feature crosses.
+* `hash_combine_reference(columns)`: `mix64(h * K + b)` folded left over
+  2-3 columns, starting from `mix64` of the first: the hash of feature
+  crosses (`transforms.cross`, whose kernel computes the same fold).
 * `initial_rows(keys, dim, scale, seed)`: a new embedding row's initial
   values, uniform in `[-scale, scale]` and a function of its key and the
   seed only (`mix64` of the key, the seed and the column, the top 53 bits
   as a double in [0, 1)), so any rank creates a row with the same values.
 
-`mix64`, `hash_combine` and `hash_bytes` run one Triton kernel on CUDA
-tensors and the torch reference elsewhere; `table_keys` and `initial_rows`
-run the native CPU kernels where they can be built.
+`mix64` runs a Triton kernel on CUDA tensors and the torch reference
+elsewhere; `table_keys` and `initial_rows` run the native CPU kernels where
+they can be built. Strings are hashed on the host only (`hash_strings`, numpy).
 """
 
 import numpy as np
@@ -109,13 +110,16 @@ def initial_rows_reference(keys: torch.Tensor, dim: int, scale: float,
 
 
 def hash_combine_reference(columns: torch.Tensor) -> torch.Tensor:
-    """`hash_combine` with torch ops.
+    """The cross hash of int64 columns stacked on dim 0, with torch ops.
+
+    `transforms.cross_reference` applies it to each cross's members; the
+    `transforms.cross` kernel computes the same fold.
 
     Args:
-        columns: int64 `[k, ...]`, the `k` columns stacked on dim 0.
+        columns: int64 `[k, ...]`, the `k` (2 or 3) columns stacked on dim 0.
 
     Returns:
-        int64 `[...]`.
+        int64 `[...]`, one crossed id per position.
 
     Example:
 
@@ -131,36 +135,6 @@ def hash_combine_reference(columns: torch.Tensor) -> torch.Tensor:
         h += column
         h = mix64_reference(h)
     return h
-
-
-def hash_bytes_reference(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """`hash_bytes` with torch ops.
-
-    Args:
-        data: uint8 `[bytes]`, the concatenated UTF-8 bytes of all strings.
-        offsets: int64 `[n + 1]` offsets into `data`.
-
-    Returns:
-        int64 `[n]` non-negative ids.
-
-    Example:
-
-    ```python
-    from reckeras.backend_kernels.hashing import hash_bytes_reference
-
-    data = torch.tensor(list(b"abcd"), dtype=torch.uint8)
-    hash_bytes_reference(data, torch.tensor([0, 2, 4]))   # ids of "ab", "cd"
-    ```
-    """
-    starts = offsets[:-1]
-    lengths = offsets[1:] - starts
-    h = torch.full_like(lengths, FNV_OFFSET)
-    # Loop over byte positions (ids are short), vectorized over all strings.
-    for position in range(int(lengths.max()) if lengths.numel() else 0):
-        live = (lengths > position).nonzero().squeeze(1)
-        byte = data[starts[live] + position].long()
-        h[live] = (h[live] ^ byte) * FNV_PRIME
-    return mix64_reference(h) & INT64_MAX
 
 
 # ---- Triton kernels -------------------------------------------------------------
@@ -186,34 +160,7 @@ def _mix64_kernel(ids_ptr, out_ptr, n, BLOCK: constexpr):
     tl.store(out_ptr + offs, _mix64_bits(x), mask=live)
 
 
-@kernel(do_not_specialize=("n",))
-def _combine_kernel(columns_ptr, out_ptr, n, K: constexpr, BLOCK: constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = offs < n
-    h = _mix64_bits(tl.load(columns_ptr + offs, mask=live, other=0))
-    for k in tl.static_range(1, K):
-        column = tl.load(columns_ptr + k * n + offs, mask=live, other=0)
-        h = _mix64_bits(h * _COMBINE + column)
-    tl.store(out_ptr + offs, h, mask=live)
-
-
-@kernel(do_not_specialize=("n", "max_len"))
-def _fnv_kernel(data_ptr, offsets_ptr, out_ptr, n, max_len, BLOCK: constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = offs < n
-    start = tl.load(offsets_ptr + offs, mask=live, other=0)
-    length = tl.load(offsets_ptr + offs + 1, mask=live, other=0) - start
-    h = tl.full([BLOCK], _FNV_OFFSET, tl.int64)
-    for position in range(0, max_len):
-        inside = position < length
-        byte = tl.load(data_ptr + start + position, mask=inside, other=0).to(tl.int64)
-        h = tl.where(inside, (h ^ byte) * _FNV_PRIME, h)
-    tl.store(out_ptr + offs, _mix64_bits(h) & _INT64_MAX, mask=live)
-
-
-_triton = TritonKernels(globals(), {
-    "_GOLDEN": GOLDEN, "_MIX_1": MIX_1, "_MIX_2": MIX_2, "_COMBINE": COMBINE,
-    "_FNV_OFFSET": FNV_OFFSET, "_FNV_PRIME": FNV_PRIME, "_INT64_MAX": INT64_MAX})
+_triton = TritonKernels(globals(), {"_GOLDEN": GOLDEN, "_MIX_1": MIX_1, "_MIX_2": MIX_2})
 
 
 def mix64_triton(x: torch.Tensor) -> torch.Tensor:
@@ -240,62 +187,6 @@ def mix64_triton(x: torch.Tensor) -> torch.Tensor:
         ns["_mix64_kernel"][(blocks(flat.numel(), BLOCK),)](flat, out, flat.numel(),
                                                             BLOCK=BLOCK)
     return out.view(x.shape)
-
-
-def hash_combine_triton(columns: torch.Tensor) -> torch.Tensor:
-    """`hash_combine` with the Triton kernel (CUDA tensors).
-
-    Args:
-        columns: int64 `[k, ...]`, the `k` columns stacked on dim 0.
-
-    Returns:
-        int64 `[...]`.
-
-    Example:
-
-    ```python
-    from reckeras.backend_kernels.hashing import hash_combine_triton
-
-    hash_combine_triton(torch.tensor([[1, 2], [3, 4]], device="cuda"))
-    ```
-    """
-    ns = _triton.ready()
-    k = columns.shape[0]
-    flat = columns.contiguous().view(k, -1)
-    out = torch.empty(flat.shape[1], dtype=torch.int64, device=columns.device)
-    if out.numel():
-        ns["_combine_kernel"][(blocks(out.numel(), BLOCK),)](
-            flat, out, out.numel(), K=k, BLOCK=BLOCK)
-    return out.view(columns.shape[1:])
-
-
-def hash_bytes_triton(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """`hash_bytes` with the Triton kernel (CUDA tensors).
-
-    Args:
-        data: uint8 `[bytes]`, the concatenated UTF-8 bytes of all strings.
-        offsets: int64 `[n + 1]` offsets into `data`.
-
-    Returns:
-        int64 `[n]` non-negative ids.
-
-    Example:
-
-    ```python
-    from reckeras.backend_kernels.hashing import hash_bytes_triton
-
-    data = torch.tensor(list(b"abcd"), dtype=torch.uint8, device="cuda")
-    hash_bytes_triton(data, torch.tensor([0, 2, 4], device="cuda"))
-    ```
-    """
-    ns = _triton.ready()
-    n = offsets.numel() - 1
-    out = torch.empty(n, dtype=torch.int64, device=offsets.device)
-    if n:
-        max_len = int((offsets[1:] - offsets[:-1]).max())
-        ns["_fnv_kernel"][(blocks(n, BLOCK),)](data, offsets.contiguous(), out, n,
-                                               max_len, BLOCK=BLOCK)
-    return out
 
 
 # ---- public entry points ----------------------------------------------------------
@@ -376,53 +267,6 @@ def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch
         from reckeras.backend_kernels import cpu_native
         return cpu_native.initial_rows(keys, dim, scale, seed)
     return initial_rows_reference(keys, dim, scale, seed)
-
-
-def hash_combine(columns: torch.Tensor) -> torch.Tensor:
-    """The hash of several int64 columns stacked on dim 0: `[k, ...] -> [...]`.
-
-    Args:
-        columns: int64 `[k, ...]`, the `k` (2 or 3) columns.
-
-    Returns:
-        int64 `[...]`, one crossed id per position.
-
-    Example:
-
-    ```python
-    from reckeras.backend_kernels.hashing import hash_combine
-
-    site, ad = torch.tensor([1, 1, 2]), torch.tensor([7, 8, 7])
-    crossed = hash_combine(torch.stack([site, ad]))   # 3 distinct ids
-    ```
-    """
-    if use_triton(columns):
-        return hash_combine_triton(columns)
-    return hash_combine_reference(columns)
-
-
-def hash_bytes(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """`hash_strings` on tensors.
-
-    Args:
-        data: uint8 `[bytes]`, the concatenated UTF-8 bytes of all strings.
-        offsets: int64 `[n + 1]` offsets into `data`.
-
-    Returns:
-        int64 `[n]` non-negative ids, equal to `hash_strings`'s.
-
-    Example:
-
-    ```python
-    from reckeras.backend_kernels.hashing import hash_bytes
-
-    data = torch.tensor(list(b"abcd"), dtype=torch.uint8)
-    hash_bytes(data, torch.tensor([0, 2, 4]))   # ids of "ab" and "cd"
-    ```
-    """
-    if use_triton(offsets):
-        return hash_bytes_triton(data, offsets)
-    return hash_bytes_reference(data, offsets)
 
 
 def mix64_numpy(x: np.ndarray) -> np.ndarray:

@@ -9,8 +9,8 @@ features:
 * `bucketize(values, boundaries)`: `[F, n]` floats -> the number of
   `boundaries[f]` that are `<= value`; NaN -> `MISSING_ID`; +inf falls in the
   last bucket of its feature.
-* `cross(columns, members)`: `hashing.hash_combine` of 2 or 3 of the `[S, n]`
-  id columns per cross feature.
+* `cross(columns, members)`: `hashing.hash_combine_reference` of 2 or 3 of
+  the `[S, n]` id columns per cross feature.
 * `hash_into_buckets(ids, buckets)`: `mix64(id) mod buckets[f]` where
   `buckets[f] > 0`, the id unchanged where it is 0.
 * `pack_sequences(flat, width_offsets, buckets, batch)`: the padded
@@ -421,15 +421,16 @@ def cross(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
             cross feature, -1 after the second for a cross of 2.
 
     Returns:
-        int64 `[C, ...]`: `hashing.hash_combine` of the members of every
-        cross feature, in their order.
+        int64 `[C, ...]`: `hashing.hash_combine_reference` of the members of
+        every cross feature, in their order.
 
     Example:
 
     ```python
     columns = torch.tensor([[1, 2], [3, 4], [5, 6]])
     cross(columns, torch.tensor([[0, 2, -1], [2, 1, 0]]))
-    # [hash_combine(columns[[0, 2]]), hash_combine(columns[[2, 1, 0]])]
+    # [hash_combine_reference(columns[[0, 2]]),
+    #  hash_combine_reference(columns[[2, 1, 0]])]
     ```
     """
     if use_triton(columns):

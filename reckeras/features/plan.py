@@ -39,7 +39,7 @@ class TransformPlan:
     value, is its own id); a bucketized Categorical's value gets the number
     of its boundaries `<= value` (NaN: `-1`; +inf: the last bucket); a Cross
     combines its members' ids (after bucketizing, before their own
-    `hash_buckets`) with `hashing.hash_combine`; then every slot with
+    `hash_buckets`) with `transforms.cross`; then every slot with
     `hash_buckets` is hashed into `[0, hash_buckets)` (any int64 id, `-1`
     included). Sequences arrive as int64 `[B, max_len]` rows padded with
     `-1`; their bag holds the ids that are not `-1`, hashed likewise.

@@ -244,7 +244,7 @@ class Cross(FeatureSpec):
     Args:
         names: the Categorical features crossed (declared in the same
             FeatureColumns). The cross combines their ids before their own
-            `hash_buckets`, with `hashing.hash_combine`.
+            `hash_buckets`, with `transforms.cross`.
         dim: embedding dimension.
         hash_buckets: number of hash buckets of the crossed id.
         name: feature name; defaults to `"_x_".join(names)`.

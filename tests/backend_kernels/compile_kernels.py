@@ -22,7 +22,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from reckeras.backend_kernels import (aggregation, hash_table, hashing,  # noqa: E402
                                       sparse_optimizers, transforms)
 
-P64, P32, PBF, P8, PU8 = "*i64", "*fp32", "*bf16", "*i8", "*u8"
+P64, P32, PBF, P8 = "*i64", "*fp32", "*bf16", "*i8"
 
 
 def segment_sum(source):
@@ -46,10 +46,6 @@ def update(weights, kind, indirect):
 CASES = [
     (hashing, "_mix64_kernel", {"ids_ptr": P64, "out_ptr": P64, "n": "i64"},
      {"BLOCK": hashing.BLOCK}),
-    (hashing, "_combine_kernel", {"columns_ptr": P64, "out_ptr": P64, "n": "i64"},
-     {"K": 3, "BLOCK": hashing.BLOCK}),
-    (hashing, "_fnv_kernel", {"data_ptr": PU8, "offsets_ptr": P64, "out_ptr": P64,
-                              "n": "i64", "max_len": "i64"}, {"BLOCK": hashing.BLOCK}),
     (hash_table, "_insert_kernel", {"slot_keys_ptr": P64, "keys_ptr": P64,
                                     "slots_ptr": P64, "claimed_ptr": P8, "n": "i64",
                                     "mask": "i64", "shift": "i32"},
