@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from reckeras.embedding.engine import EmbeddingEngine
-from reckeras.embedding.lifecycle import TableOptions
+from reckeras.embedding.options import TableOptions
 from reckeras.embedding.packing import PackingPlan
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import deserialize, serialize
