@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from reckeras import _keras_compat, distributed
 from reckeras import optimizers as sparse_optimizers
 from reckeras.embedding import checkpoint
+from reckeras.embedding.engine import all_finite
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
@@ -374,9 +375,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         gradients are averaged over the ranks.
 
         The check costs one scalar read per step: each gradient's (and the
-        loss's) `isfinite().all()` stays on the device, the flags are stacked
-        into one, all-reduced across ranks (so every rank skips or applies
-        together) and read once.
+        loss's) finiteness flag (`embedding.engine.all_finite`, one sum)
+        stays on the device, the flags are stacked into one, all-reduced
+        across ranks (so every rank skips or applies together) and read once.
 
         Args:
             data: `(x, y, sample_weight)`.
@@ -413,8 +414,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _step_is_finite(self, loss, gradients, updates):
-        flags = [torch.isfinite(loss).all()]
-        flags += [torch.isfinite(g).all() for g in gradients if g is not None]
+        flags = [all_finite(loss)]
+        flags += [all_finite(g) for g in gradients if g is not None]
         flags += [update.finite() for update in updates]
         finite = torch.stack(flags).all().to(torch.int32)
         if distributed.world().size > 1:
@@ -430,9 +431,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             self.pipeline_stats["nonfinite_skipped"] = \
                 self.pipeline_stats.get("nonfinite_skipped", 0) + 1
             return self.get_metrics_result()
-        culprits = [] if bool(torch.isfinite(loss).all()) else ["the loss"]
+        culprits = [] if bool(all_finite(loss)) else ["the loss"]
         culprits += [f"the gradient of {v.path}" for v, g in zip(trainable, gradients)
-                     if g is not None and not bool(torch.isfinite(g).all())]
+                     if g is not None and not bool(all_finite(g))]
         culprits += [f"an embedding gradient of {layer.name}" for layer, update in zip(
             self.embedding_layers, updates) if not bool(update.finite())]
         raise NonFiniteStepError(
