@@ -30,10 +30,11 @@ from reckeras import layers  # noqa: E402
 from reckeras import metrics  # noqa: E402
 from reckeras import models  # noqa: E402
 from reckeras import optimizers  # noqa: E402
+from reckeras.pipeline.guard import NonFiniteStepError  # noqa: E402
 from reckeras.pipeline.model import Model  # noqa: E402
 
 
 __version__ = "0.1.0"
 
-__all__ = ["BackendError", "Model", "callbacks", "datasets", "distributed", "embedding", "features",
+__all__ = ["BackendError", "Model", "NonFiniteStepError", "callbacks", "datasets", "distributed", "embedding", "features",
            "layers", "metrics", "models", "optimizers"]

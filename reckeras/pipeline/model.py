@@ -15,22 +15,15 @@ from tqdm.auto import tqdm
 from reckeras import _keras_compat, distributed
 from reckeras import optimizers as sparse_optimizers
 from reckeras.embedding import checkpoint
-from reckeras.embedding.engine import all_finite
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
+from reckeras.pipeline import guard
 from reckeras.pipeline import stream as streams
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
+from reckeras.pipeline.declared_inputs import DeclaredInputs
 
 NONFINITE_POLICIES = ("raise", "skip")
-
-
-class NonFiniteStepError(FloatingPointError):
-    """A training step's loss or gradients were not finite (NaN or inf).
-
-    Raised by `fit` under `compile(nonfinite="raise")`, after the step was
-    undone: no dense weight, table row or optimizer state changed.
-    """
 
 
 class WeightsWithTables(list):
@@ -78,7 +71,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         _keras_compat.freeze_input_spec(self)
-        self._declared_inputs = _declared_inputs(_keras_compat.functional_inputs(self))
+        self._declared_inputs = DeclaredInputs.of(_keras_compat.functional_inputs(self))
         self._prepared = None          # the PreparedBatch of the running step
         self.nonfinite = "raise"
         self.pipeline_stats = {}
@@ -95,18 +88,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             The tensors in Keras's flat order, or None.
         """
         declared = self._declared_inputs
-        if declared is None or not isinstance(inputs, dict) \
-                or inputs.keys() != declared.names:
-            return None
-        flat = [inputs[key] for key in declared.keys]
-        try:
-            signature = [(x.dtype, x.dim(), x.device.type) for x in flat]
-        except AttributeError:               # not torch tensors
-            return None
-        if signature != declared.signature(_keras_compat.keras_device().type) \
-                or any(flat[i].shape[axis] != size for i, axis, size in declared.fixed_sizes):
-            return None
-        return flat
+        return None if declared is None else declared.match(inputs)
 
     def _forward(self, inputs: dict, training: bool):
         """`self(inputs, training=training)`, without Keras's per-call work
@@ -197,7 +179,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             nonfinite: what a training step whose loss, or any dense or
                 embedding gradient, is NaN or inf does. Either way it changes
                 no dense weight, no table row and no optimizer state.
-                `"raise"` (default): `fit` raises `NonFiniteStepError` naming
+                `"raise"` (default): `fit` raises `rk.NonFiniteStepError` naming
                 the step; `"skip"`: training goes on, and the skipped steps
                 are counted in `pipeline_stats["nonfinite_skipped"]`.
             steps_per_execution: must be 1: every step runs eagerly (the
@@ -374,10 +356,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         backward is done and the step is known to be finite; the dense
         gradients are averaged over the ranks.
 
-        The check costs one scalar read per step: each gradient's (and the
-        loss's) finiteness flag (`embedding.engine.all_finite`, one sum)
-        stays on the device, the flags are stacked into one, all-reduced
-        across ranks (so every rank skips or applies together) and read once.
+        The check costs one scalar read per step (see `pipeline.guard`).
 
         Args:
             data: `(x, y, sample_weight)`.
@@ -400,7 +379,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 scaled.backward()
             trainable = self.trainable_weights[:]
             gradients = [v.value.grad for v in trainable]
-            if not self._step_is_finite(loss, gradients, updates):
+            if not guard.step_is_finite(loss, gradients, updates):
                 return self._refuse_step(loss, gradients, trainable, updates)
             for update in updates:
                 update.apply()
@@ -413,16 +392,6 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         _keras_compat.update_loss_tracker(self, loss, y.shape[0])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def _step_is_finite(self, loss, gradients, updates):
-        flags = [all_finite(loss)]
-        flags += [all_finite(g) for g in gradients if g is not None]
-        flags += [update.finite() for update in updates]
-        finite = torch.stack(flags).all().to(torch.int32)
-        if distributed.world().size > 1:
-            with distributed.collective("agreeing that the step is finite"):
-                torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
-        return bool(finite)               # the step's one scalar read
-
     def _refuse_step(self, loss, gradients, trainable, updates):
         for update in updates:
             update.discard()
@@ -431,13 +400,11 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             self.pipeline_stats["nonfinite_skipped"] = \
                 self.pipeline_stats.get("nonfinite_skipped", 0) + 1
             return self.get_metrics_result()
-        culprits = [] if bool(all_finite(loss)) else ["the loss"]
-        culprits += [f"the gradient of {v.path}" for v, g in zip(trainable, gradients)
-                     if g is not None and not bool(all_finite(g))]
-        culprits += [f"an embedding gradient of {layer.name}" for layer, update in zip(
-            self.embedding_layers, updates) if not bool(update.finite())]
-        raise NonFiniteStepError(
-            f"{', '.join(culprits) or 'another rank'} is not finite (NaN or inf); "
+        parts = guard.nonfinite_parts(
+            loss, [(v.path, g) for v, g in zip(trainable, gradients)],
+            [(layer.name, u) for layer, u in zip(self.embedding_layers, updates)])
+        raise guard.NonFiniteStepError(
+            f"{', '.join(parts) or 'another rank'} is not finite (NaN or inf); "
             f"the step was undone: no weight, table row or optimizer state changed. "
             f"compile(nonfinite='skip') skips such steps instead")
 
@@ -673,8 +640,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 try:
                     with self._running(batch) as step_data:
                         logs = self.train_step(step_data)
-                except NonFiniteStepError as error:
-                    raise NonFiniteStepError(
+                except guard.NonFiniteStepError as error:
+                    raise guard.NonFiniteStepError(
                         f"training step {step + 1} of epoch {epoch + 1}: {error}") from None
                 step_s += time.perf_counter() - step_started
                 callback_list.on_train_batch_end(step, logs)
@@ -827,37 +794,6 @@ def _verbose(verbose):
     if verbose not in (0, 1, 2):
         raise ValueError(f"verbose must be 'auto', 0, 1 or 2, got {verbose!r}")
     return verbose
-
-
-class _DeclaredInputs:
-    """A functional model's dict inputs in Keras's flat order, with the dtype,
-    rank and fixed axis sizes each one is declared with."""
-
-    def __init__(self, keys, tensors):
-        self.keys = keys
-        self.names = set(keys)
-        self._dtypes_and_ranks = [(_keras_compat.torch_dtype(t.dtype), len(t.shape))
-                                  for t in tensors]
-        self._signatures = {}
-        self.fixed_sizes = [(index, axis, size) for index, t in enumerate(tensors)
-                            for axis, size in enumerate(t.shape) if size is not None]
-
-    def signature(self, device_type):
-        """`(dtype, rank, device type)` of every input, in flat order."""
-        if device_type not in self._signatures:
-            self._signatures[device_type] = [(dtype, rank, device_type)
-                                             for dtype, rank in self._dtypes_and_ranks]
-        return self._signatures[device_type]
-
-
-def _declared_inputs(inputs_struct):
-    """`_DeclaredInputs` of a dict of `keras.Input`; None for other structures."""
-    if not isinstance(inputs_struct, dict) or any(
-            not isinstance(t, keras.KerasTensor) or t.sparse or t.ragged
-            for t in inputs_struct.values()):
-        return None
-    keys = keras.tree.flatten({key: key for key in inputs_struct})
-    return _DeclaredInputs(keys, [inputs_struct[key] for key in keys])
 
 
 def _python_logs(logs):

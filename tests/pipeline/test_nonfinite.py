@@ -8,7 +8,6 @@ import pyarrow as pa
 import pytest
 
 import reckeras as rk
-from reckeras.pipeline.model import NonFiniteStepError
 from test_model import synthetic
 
 POISON = 7.0            # a label value that marks the batch the loss poisons
@@ -70,7 +69,7 @@ def test_raise_names_the_step_and_changes_nothing():
     model = build()
     model.fit(data.slice(0, 256), batch_size=128, verbose=0)      # warm: rows, Adam state
     before = state(model)
-    with pytest.raises(NonFiniteStepError, match="training step 1 of epoch 1: the loss"):
+    with pytest.raises(rk.NonFiniteStepError, match="training step 1 of epoch 1: the loss"):
         model.fit(poison(data.slice(256), [3]), batch_size=256, verbose=0, shuffle=False)
     assert_unchanged(before, state(model))
 
@@ -79,7 +78,7 @@ def test_nan_embedding_gradient_alone_is_caught():
     model = build(loss="binary_crossentropy", embedding_nan=True)
     data = synthetic(256)
     before = state(model)
-    with pytest.raises(NonFiniteStepError, match="embedding gradient"):
+    with pytest.raises(rk.NonFiniteStepError, match="embedding gradient"):
         model.fit(data, batch_size=256, verbose=0)
     after = state(model)
     # Rows first seen in the refused step exist (at their initial values);
