@@ -137,6 +137,12 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
             raise ValueError("sample_weight for a dataset must name one of its columns; "
                              "an array of weights needs in-memory x (a dict or a Table)")
         return x, weight_column
+    if not isinstance(x, (dict, pa.Table, pa.RecordBatch)):
+        raise TypeError(f"x must be a reckeras dataset (rk.datasets.load, from_parquet, "
+                        f"...), a pyarrow Table or a dict of arrays, got "
+                        f"{type(x).__name__}; generators, tf.data datasets and torch "
+                        f"DataLoaders are not read: wrap the data in a Table or a "
+                        f"dict, or write it to parquet")
     table = as_table(x)
     if y is not None:
         y = np.asarray(y, dtype=np.float32).reshape(table.num_rows, -1)

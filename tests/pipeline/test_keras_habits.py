@@ -189,3 +189,9 @@ def test_jit_compile_and_steps_per_execution_are_refused_at_compile():
     model.compile(optimizer="adam", loss="binary_crossentropy",
                   embedding_optimizer="adagrad", jit_compile="auto", steps_per_execution=1)
     assert model.jit_compile is False
+
+
+@pytest.mark.parametrize("x", [(row for row in range(3)), [1, 2, 3], np.zeros(3)])
+def test_data_keras_takes_but_reckeras_does_not_is_refused_clearly(x):
+    with pytest.raises(TypeError, match="x must be a reckeras dataset .* got"):
+        build().fit(x, verbose=0)
