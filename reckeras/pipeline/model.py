@@ -214,6 +214,12 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         super().compile(optimizer=optimizer, loss=loss,
                         metrics=[m for m in metrics if not isinstance(m, GAUC)] or None,
                         jit_compile=False, **kwargs)
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError("rk.Model does not support loss scaling (a LossScaleOptimizer, "
+                             "or auto_scale_loss under the mixed_float16 policy): the "
+                             "embedding tables' optimizer would receive the scaled "
+                             "gradients. Use the mixed_bfloat16 or float32 policy, or "
+                             "compile(auto_scale_loss=False)")
         self._group_metrics = group_metrics
         self.nonfinite = nonfinite
         if embedding_optimizer is None and self.embedding_layers:

@@ -195,3 +195,10 @@ def test_jit_compile_and_steps_per_execution_are_refused_at_compile():
 def test_data_keras_takes_but_reckeras_does_not_is_refused_clearly(x):
     with pytest.raises(TypeError, match="x must be a reckeras dataset .* got"):
         build().fit(x, verbose=0)
+
+
+def test_loss_scaling_is_refused_at_compile():
+    model = build()
+    with pytest.raises(ValueError, match="loss scaling"):
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.Adam()), loss="binary_crossentropy", embedding_optimizer="sgd")
