@@ -20,5 +20,9 @@ fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
 "$venv/bin/python" -m pip install --quiet -e ".[test]" "keras==$oldest"
-"$venv/bin/python" -c "import reckeras, keras; print('keras', keras.__version__); assert keras.__version__ == '$oldest'"
+"$venv/bin/python" -c "
+import reckeras, keras
+from packaging.version import Version   # a dependency of keras
+print('keras', keras.__version__)
+assert Version(keras.__version__) == Version('$oldest'), keras.__version__"
 "$venv/bin/python" -m pytest tests "$@"
