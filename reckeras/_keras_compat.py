@@ -164,6 +164,18 @@ def functional_inputs(model: keras.Model) -> Any:
     return model._inputs_struct
 
 
+def functional_outputs(model: keras.Model) -> Any:
+    """The structure of outputs a functional model was built with.
+
+    Args:
+        model: a functional model.
+
+    Returns:
+        A tensor, a list or a dict of symbolic tensors, as given.
+    """
+    return model._outputs_struct
+
+
 class DeclaredInputsShortcut:
     """Mixin for a functional `keras.Model`: inputs that already match what
     the model declares skip Keras's per-call standardization.

@@ -118,6 +118,13 @@ def test_functional_inputs_are_the_declared_dict():
     assert all(isinstance(t, keras.KerasTensor) for t in declared.values())
 
 
+def test_functional_outputs_keep_their_structure():
+    model, columns = small_model()
+    assert isinstance(compat.functional_outputs(model), keras.KerasTensor)
+    two = rk.Model(model.inputs, {"a": model.outputs[0], "b": model.outputs[0] * 2})
+    assert set(compat.functional_outputs(two)) == {"a", "b"}
+
+
 def test_declared_inputs_shortcut_keeps_keras_checks_for_other_inputs():
     model, _ = small_model()
     x = tensors()
@@ -153,7 +160,8 @@ PRIVATE_KERAS_MEMBERS = (
     "_compute_loss", "_flatten_layers", "_convert_input_args",
     "_allow_non_tensor_positional_args", "_inputs_struct", "_get_metrics_result_or_logs",
     "_maybe_reset_call_context", "_standardize_inputs", "_assert_input_compatibility",
-    "_maybe_warn_inputs_struct_mismatch", "_initial_epoch", "_call_context_args")
+    "_maybe_warn_inputs_struct_mismatch", "_initial_epoch", "_call_context_args",
+    "_outputs_struct")
 
 
 def test_keras_internals_only_through_the_compat_module():

@@ -2,8 +2,9 @@
 
 Accepted data: a reckeras dataset (anything with `batches` and
 `num_batches`), a pyarrow Table, or a dict of array-likes, with the labels
-in `y` or in a `label` column and per-example loss weights given as an array
-or as the name of a column. Every batch is encoded and validated by the
+in `y` (an array, or a dict of arrays for a model with several outputs) or in
+label columns, and per-example loss weights given as an array or as the name
+of a column. Every batch is encoded and validated by the
 model's FeatureColumns before it reaches the model.
 """
 
@@ -24,7 +25,7 @@ WEIGHT_COLUMN = "__sample_weight__"
 
 
 class InMemoryData:
-    """A pyarrow Table served in batches, with an optional label column.
+    """A pyarrow Table served in batches, with optional label columns.
 
     With `num_shards` readers (ranks), global batch `k` is the
     `num_shards * batch_size` rows starting at `k * num_shards * batch_size`,
@@ -33,7 +34,8 @@ class InMemoryData:
 
     Args:
         table: the rows.
-        label: name of the label column (None: no labels).
+        label: name of the label column, `{output name: column}` for a
+            model with several outputs, or None (no labels).
 
     Example:
 
@@ -43,7 +45,7 @@ class InMemoryData:
     ```
     """
 
-    def __init__(self, table: pa.Table, label: str | None):
+    def __init__(self, table: pa.Table, label: str | dict | None):
         self.table = table
         self.label = label
         self.num_rows = table.num_rows
@@ -116,12 +118,13 @@ class InMemoryData:
 def as_data(x: Any, y: Any = None, sample_weight: Any = None,
             label: str = "label") -> tuple[Any, str | None]:
     """Wraps `x` (and `y`, `sample_weight`) into something with `batches`,
-    `num_batches` and `label` (the name of its label column, or None).
+    `num_batches` and `label` (its label column, `{output: column}`, or None).
 
     Args:
         x: a reckeras dataset, a pyarrow Table or a dict of array-likes.
         y: labels for in-memory `x` without a `label` column: an array of
-            one value (or one row of values) per example.
+            one value (or one row of values) per example, or a dict
+            `{output name: array}` for a model with several outputs.
         sample_weight: per-example loss weights: an array (in-memory `x`),
             or the name of a column of `x`.
         label: the label column looked for when `y` is None.
@@ -144,11 +147,13 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
                         f"DataLoaders are not read: wrap the data in a Table or a "
                         f"dict, or write it to parquet")
     table = as_table(x)
-    if y is not None:
-        y = np.asarray(y, dtype=np.float32).reshape(table.num_rows, -1)
-        column = pa.array(y[:, 0]) if y.shape[1] == 1 else \
-            pa.FixedSizeListArray.from_arrays(pa.array(y.reshape(-1)), y.shape[1])
-        table = table.append_column(LABEL_COLUMN, column)
+    if isinstance(y, dict):
+        label = {}
+        for output, values in y.items():
+            label[output] = f"{LABEL_COLUMN}{output}"
+            table = table.append_column(label[output], _label_column(values, table, output))
+    elif y is not None:
+        table = table.append_column(LABEL_COLUMN, _label_column(y, table, "y"))
         label = LABEL_COLUMN
     if sample_weight is not None and weight_column is None:
         weights = np.asarray(sample_weight, dtype=np.float32)
@@ -157,8 +162,20 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
                              f"({table.num_rows},), got {weights.shape}")
         table = table.append_column(WEIGHT_COLUMN, pa.array(weights))
         weight_column = WEIGHT_COLUMN
-    return InMemoryData(table, label if label in table.column_names else None), \
-        weight_column
+    if isinstance(label, str) and label not in table.column_names:
+        label = None
+    return InMemoryData(table, label), weight_column
+
+
+def _label_column(values, table, name):
+    """One label column: a value (or a fixed-size row of values) per example."""
+    values = np.asarray(values, dtype=np.float32)
+    if values.shape[:1] != (table.num_rows,):
+        raise ValueError(f"labels {name!r} must hold one entry per example: "
+                         f"{table.num_rows}, got shape {values.shape}")
+    values = values.reshape(table.num_rows, -1)
+    return pa.array(values[:, 0]) if values.shape[1] == 1 else \
+        pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
 
 
 def check_class_weight(class_weight: dict | None) -> dict | None:
@@ -192,13 +209,14 @@ class Targets:
     """What a loop reads beside the features: labels and loss weights.
 
     Args:
-        label: the label column (None: the loop takes no labels).
+        label: the label column, `{output name: column}` for a model with
+            several outputs, or None (the loop takes no labels).
         weight: the per-example loss weight column, or None.
         class_weight: `{class index: weight}` (see `check_class_weight`),
             multiplied into the loss weights by each example's class.
     """
 
-    label: str | None = None
+    label: str | dict | None = None
     weight: str | None = None
     class_weight: dict | None = None
 
@@ -216,7 +234,8 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
                device: torch.device | str = "cpu") -> tuple:
     """`(inputs, labels, weights)` torch tensors of one raw batch.
 
-    `labels` is None when `targets.label` is None, `weights` when there are
+    `labels` is None when `targets.label` is None, and a dict `{output
+    name: tensor}` when it is a dict; `weights` is None when there are
     neither weights nor class weights.
 
     Args:
@@ -231,7 +250,10 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
     """
     inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
               for name, value in columns.encode(batch).items()}
-    labels = None if targets.label is None else _labels(batch, targets.label)
+    if isinstance(targets.label, dict):
+        labels = {output: _labels(batch, column) for output, column in targets.label.items()}
+    else:
+        labels = None if targets.label is None else _labels(batch, targets.label)
     weights = None
     if targets.weight is not None:
         column = _column_values(batch, targets.weight, "sample weight")
@@ -242,14 +264,17 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
     if targets.class_weight is not None:
         by_class = _class_weights(labels, targets.class_weight)
         weights = by_class if weights is None else weights * by_class
-    tensors = (inputs, None if labels is None else torch.from_numpy(labels),
-               None if weights is None else torch.from_numpy(np.require(
-                   weights, requirements="W")))
+    labels = None if labels is None else \
+        {output: torch.from_numpy(y) for output, y in labels.items()} \
+        if isinstance(labels, dict) else torch.from_numpy(labels)
+    weights = None if weights is None else torch.from_numpy(
+        np.require(weights, requirements="W"))
     if torch.device(device).type == "cpu":
-        return tensors
-    inputs, labels, weights = tensors
+        return inputs, labels, weights
     return ({name: value.to(device) for name, value in inputs.items()},
-            None if labels is None else labels.to(device),
+            None if labels is None else
+            {output: y.to(device) for output, y in labels.items()}
+            if isinstance(labels, dict) else labels.to(device),
             None if weights is None else weights.to(device))
 
 

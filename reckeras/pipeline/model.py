@@ -209,10 +209,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             raise ValueError(f"rk.Model runs one step per execution; got "
                              f"steps_per_execution={steps_per_execution!r}. Every step "
                              f"is eager already, so there is nothing to amortize")
-        metrics = list(metrics or [])
-        group_metrics = [m for m in metrics if isinstance(m, GAUC)]
-        super().compile(optimizer=optimizer, loss=loss,
-                        metrics=[m for m in metrics if not isinstance(m, GAUC)] or None,
+        metrics, group_metrics, group_outputs = _split_group_metrics(metrics)
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics,
                         jit_compile=False, **kwargs)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             raise ValueError("rk.Model does not support loss scaling (a LossScaleOptimizer, "
@@ -221,6 +219,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                              "gradients. Use the mixed_bfloat16 or float32 policy, or "
                              "compile(auto_scale_loss=False)")
         self._group_metrics = group_metrics
+        self._group_outputs = group_outputs     # the output each GAUC reads (None: the only one)
         self.nonfinite = nonfinite
         if embedding_optimizer is None and self.embedding_layers:
             raise ValueError("the model has ShardedEmbedding tables: pass "
@@ -244,7 +243,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 config["embedding_optimizer"] = sparse_optimizers.serialize(
                     self.embedding_optimizer)
             if self._group_metrics:
-                config["group_metrics"] = [m.get_config() for m in self._group_metrics]
+                config["group_metrics"] = [
+                    {"output": output, "config": metric.get_config()}
+                    for output, metric in zip(self._group_outputs, self._group_metrics)]
         return config
 
     def compile_from_config(self, config: dict) -> None:
@@ -254,9 +255,18 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             config: the compile config.
         """
         embedding_optimizer = config.pop("embedding_optimizer", None)
-        group_metrics = [GAUC(**c) for c in config.pop("group_metrics", [])]
+        group_metrics = config.pop("group_metrics", [])
         config = keras.saving.deserialize_keras_object(config)
-        config["metrics"] = list(config.get("metrics") or []) + group_metrics
+        metrics = config.get("metrics")
+        for entry in group_metrics:
+            # Models saved before per-output GAUC hold the bare config.
+            output, gauc = entry.get("output"), GAUC(**entry.get("config", entry))
+            if output is None:
+                metrics = [*(metrics or []), gauc]
+            else:
+                metrics = dict(metrics or {})
+                metrics[output] = [*keras.tree.flatten(metrics.get(output) or []), gauc]
+        config["metrics"] = metrics
         self.compile(embedding_optimizer=embedding_optimizer, **config)
         if self.built:
             self.optimizer.build(self.trainable_variables)
@@ -395,7 +405,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                     # averaging the gradients gives the global mean's.
                     distributed.all_reduce_mean_([g for g in gradients if g is not None])
                     self.optimizer.apply(gradients, trainable)
-        _keras_compat.update_loss_tracker(self, loss, y.shape[0])
+        _keras_compat.update_loss_tracker(self, loss, _examples(y))
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _refuse_step(self, loss, gradients, trainable, updates):
@@ -427,7 +437,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         y_pred = self._forward(x, training=False)
         loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                  training=False)
-        _keras_compat.update_loss_tracker(self, loss, y.shape[0])
+        _keras_compat.update_loss_tracker(self, loss, _examples(y))
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def predict_step(self, data: Any) -> Any:
@@ -455,8 +465,10 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         Returns:
             The metrics' values.
         """
-        for metric in self._group_metrics:
-            metric.update_state(y, y_pred, sample_weight, groups=x[metric.group])
+        for output, metric in zip(self._group_outputs, self._group_metrics):
+            metric.update_state(y if output is None else y[output],
+                                y_pred if output is None else y_pred[output],
+                                sample_weight, groups=x[metric.group])
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
     def _synced_metrics_result(self):
@@ -504,7 +516,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             sample_weight: Any = None, initial_epoch: int = 0,
             steps_per_epoch: int | None = None, validation_steps: int | None = None,
             validation_batch_size: int | None = None, validation_freq: int = 1,
-            seed: int = 0, pipeline: bool | str = "auto",
+            labels: str | dict | None = None, seed: int = 0,
+            pipeline: bool | str = "auto",
             prefetch_depth: int = 2) -> keras.callbacks.History:
         """Trains the model, with the arguments of `keras.Model.fit`.
 
@@ -534,6 +547,10 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             validation_batch_size: batch size of the validation (default
                 `batch_size`).
             validation_freq: validate after every `validation_freq`-th epoch.
+            labels: the label column(s) of `x` (a dataset or Table): a name,
+                or `{output name: column}` for a model with dict outputs
+                (default: `y`, else the data's `label` column). The
+                validation data is read with the same labels.
             seed: seed of the shuffle (epoch `e` uses `seed + e`).
             pipeline: `True` prepares batches in background threads,
                 `False` inline before each step; the result is the same
@@ -581,9 +598,12 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                                      "validation_data")
                 data, validation_data = data.split(validation_split)
                 validation_data = (validation_data, None, weight)
-        targets = Targets(data.label, weight, class_weight)
-        if targets.label is None:
-            raise ValueError("fit() needs labels: a 'label' column in x, or y")
+        label = self._label_columns(data, labels, "fit")
+        if class_weight is not None and isinstance(label, dict):
+            raise ValueError("class_weight is only supported for models with a single "
+                             "output (Keras's rule); weigh the examples with "
+                             "sample_weight instead")
+        targets = Targets(label, weight, class_weight)
         self._adapt_if_needed(data, batch_size)
         for layer in self.embedding_layers:
             layer.engine.connect()            # checks configs agree across ranks
@@ -612,7 +632,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 val_logs = self.evaluate(
                     val_x, val_y, batch_size=validation_batch_size or batch_size,
                     verbose=0, sample_weight=val_weight, steps=validation_steps,
-                    callbacks=callback_list, return_dict=True, pipeline=pipeline,
+                    callbacks=callback_list, return_dict=True,
+                    labels=labels if val_y is None else None, pipeline=pipeline,
                     prefetch_depth=prefetch_depth)
                 epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
             callback_list.on_epoch_end(epoch, epoch_logs)
@@ -623,6 +644,29 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 break
         callback_list.on_train_end(epoch_logs)
         return self.history
+
+    def _label_columns(self, data, labels, loop):
+        """The label column(s) a loop reads, checked against the outputs."""
+        label = data.label if labels is None else labels
+        if label is None:
+            raise ValueError(f"{loop}() needs labels: a 'label' column in x, y, or labels=")
+        outputs = _keras_compat.functional_outputs(self)
+        if isinstance(outputs, dict):
+            if not isinstance(label, dict):
+                raise ValueError(f"the model has outputs {sorted(outputs)}: give one label "
+                                 f"per output, y={{output: array}} or "
+                                 f"labels={{output: column}}")
+            if label.keys() != outputs.keys():
+                raise ValueError(f"labels name outputs {sorted(label)} but the model has "
+                                 f"outputs {sorted(outputs)}")
+        elif isinstance(label, dict):
+            raise ValueError(f"labels for outputs {sorted(label)} were given, but the model "
+                             f"has a single output: build it with dict outputs "
+                             f"rk.Model(inputs, {{name: output, ...}})")
+        elif isinstance(outputs, (list, tuple)) and len(outputs) > 1:
+            raise ValueError("rk.Model trains several outputs given as a dict "
+                             "rk.Model(inputs, {name: output, ...}), with labels per name")
+        return label
 
     def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False):
         """The loop's `CallbackList` (fit hands its own to its validation)."""
@@ -671,8 +715,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None,
                  verbose: int | str = "auto", sample_weight: Any = None,
                  steps: int | None = None, callbacks: Any = None,
-                 return_dict: bool = False, pipeline: bool | str = "auto",
-                 prefetch_depth: int = 2) -> Any:
+                 return_dict: bool = False, labels: str | dict | None = None,
+                 pipeline: bool | str = "auto", prefetch_depth: int = 2) -> Any:
         """Loss and metrics on data, like `keras.Model.evaluate`.
 
         Args:
@@ -685,6 +729,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             callbacks: Keras callbacks, or a `CallbackList` (test hooks are
                 called).
             return_dict: return `{name: value}` instead of a list.
+            labels: as in `fit`.
             pipeline: as in `fit`.
             prefetch_depth: as in `fit`.
 
@@ -702,13 +747,12 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         batch_size = _batch_size(batch_size)
         verbose = _verbose(verbose) if distributed.world().is_main else 0
         data, weight = as_data(x, y, sample_weight)
-        if data.label is None:
-            raise ValueError("evaluate() needs labels: a 'label' column in x, or y")
+        targets = Targets(self._label_columns(data, labels, "evaluate"), weight)
         total = streams.agreed_steps(data, batch_size, steps)
         callback_list = self._callback_list(callbacks, verbose, 1, total)
         self.reset_metrics()
         callback_list.on_test_begin()
-        stream = self._stream(data, batch_size, total, Targets(data.label, weight), False,
+        stream = self._stream(data, batch_size, total, targets, False,
                               pipeline=pipeline, prefetch_depth=prefetch_depth)
         with torch.no_grad(), stream as batches:
             for step, batch in enumerate(tqdm(batches, total=total, desc="Evaluate",
@@ -784,6 +828,33 @@ def prepared_output(batch: streams.PreparedBatch) -> Callable:
         A function returning `batch.packed` whatever it is called with.
     """
     return lambda *args, **kwargs: batch.packed
+
+
+def _split_group_metrics(metrics):
+    """`(Keras metrics, GAUC metrics, the output each GAUC reads)` of
+    compile's `metrics`: a list (one output) or `{output: list}`."""
+    if isinstance(metrics, dict):
+        keras_metrics, gaucs, outputs = {}, [], []
+        for output, entries in metrics.items():
+            entries = keras.tree.flatten(entries) if isinstance(entries, (list, tuple)) \
+                else [entries]
+            gaucs += [m for m in entries if isinstance(m, GAUC)]
+            outputs += [output for m in entries if isinstance(m, GAUC)]
+            keras_metrics[output] = [m for m in entries if not isinstance(m, GAUC)]
+        names = [m.name for m in gaucs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each output's GAUC needs a name of its own (they show in the "
+                             f"logs under it), got {names}: e.g. GAUC('user_id', "
+                             f"name='ctr_gauc')")
+        return keras_metrics, gaucs, outputs
+    metrics = list(metrics or [])
+    gaucs = [m for m in metrics if isinstance(m, GAUC)]
+    return [m for m in metrics if not isinstance(m, GAUC)] or None, gaucs, [None] * len(gaucs)
+
+
+def _examples(y):
+    """The batch size of labels (a tensor, or a dict of them)."""
+    return keras.tree.flatten(y)[0].shape[0]
 
 
 def _batch_size(batch_size):
