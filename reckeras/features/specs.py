@@ -80,31 +80,40 @@ class FeatureSpec:
 
 
 class Numeric(FeatureSpec):
-    """A dense numeric column.
+    """A dense numeric column: one number per example, or a fixed-size vector.
 
-    Missing values (null or NaN) become `default`; +-inf is rejected.
+    A scalar feature is one column of the dense block; a vector feature of
+    `shape=(k,)` is `k` columns, in order, and every policy below applies
+    to each element on its own: missing values (a null or NaN, or every
+    element of a null vector) become `default`; +-inf is rejected; the
+    transform, `standardize`'s statistics included, is per element.
 
     Args:
-        name: column name.
+        name: column name. A vector feature reads a list column (fixed-size
+            or not) whose every non-null row has `k` numbers, or a 2-D
+            array of width `k` in a dict batch.
         transform: `None`, `"log1p"` (`sign(x) * log1p(|x|)`, which keeps
             negative counts finite) or `"standardize"` (`(x - mean) / std`
             with statistics from `FeatureColumns.adapt`; fit adapts on the
             training data when they are missing).
         default: value used for missing entries, before the transform.
+        shape: `()` for a scalar feature, `(k,)` with `k >= 1` for a
+            vector of `k` numbers per example.
 
     Example:
 
     ```python
     rk.features.Numeric("I1", transform="log1p")
     rk.features.Numeric("price", transform="standardize", default=-1.0)
+    rk.features.Numeric("user_vector", shape=(64,), transform="standardize")
     ```
     """
 
-    _fields = ("name", "transform", "default")
+    _fields = ("name", "transform", "default", "shape")
     sparse = False
 
     def __init__(self, name: str, transform: str | None = None,
-                 default: float = 0.0):
+                 default: float = 0.0, shape: tuple[int, ...] = ()):
         self.name = _check_name(name)
         if transform not in NUMERIC_TRANSFORMS:
             raise ValueError(f"feature {name!r}: unknown transform {transform!r}; "
@@ -115,6 +124,16 @@ class Numeric(FeatureSpec):
             raise ValueError(f"feature {name!r}: default must be a finite number, "
                              f"got {default!r}")
         self.default = float(default)
+        # A list is accepted too: it is what a JSON config gives back.
+        if not isinstance(shape, (tuple, list)) or len(shape) > 1:
+            raise ValueError(f"feature {name!r}: shape must be () or a 1-tuple (k,), "
+                             f"got {shape!r}")
+        self.shape = tuple(_check_positive_int(name, "shape[0]", k) for k in shape)
+
+    @property
+    def size(self) -> int:
+        """The number of dense-block columns of the feature (1 for a scalar)."""
+        return self.shape[0] if self.shape else 1
 
 
 class Categorical(FeatureSpec):

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 import reckeras as rk
@@ -13,6 +15,13 @@ from reckeras.features.plan import TablePlanError, TransformPlan
     (lambda: rk.features.Categorical("c", dim=4, dtype="float"), "dtype"),
     (lambda: rk.features.Numeric("n", transform="sqrt"), "unknown transform"),
     (lambda: rk.features.Numeric("n", default=float("nan")), "finite"),
+    (lambda: rk.features.Numeric("n", shape=3), "shape must be \\(\\) or a 1-tuple"),
+    (lambda: rk.features.Numeric("n", shape=None), "shape must be"),
+    (lambda: rk.features.Numeric("n", shape=(2, 3)), "shape must be"),
+    (lambda: rk.features.Numeric("n", shape=(0,)), "shape\\[0\\] must be an int >= 1"),
+    (lambda: rk.features.Numeric("n", shape=(-4,)), "shape\\[0\\]"),
+    (lambda: rk.features.Numeric("n", shape=(2.0,)), "shape\\[0\\]"),
+    (lambda: rk.features.Numeric("n", shape=(True,)), "shape\\[0\\]"),
     (lambda: rk.features.Sequence("s", dim=4, max_len=0), "max_len"),
     (lambda: rk.features.Sequence("s", dim=4, max_len=3, combiner="max"), "combiner"),
     (lambda: rk.features.Cross(["a"], dim=4, hash_buckets=10), "2 or 3"),
@@ -31,6 +40,8 @@ def test_error_names_the_feature():
 
 @pytest.mark.parametrize("spec", [
     rk.features.Numeric("n", transform="log1p", default=-1.0),
+    rk.features.Numeric("v", transform="standardize", default=2.5, shape=(64,)),
+    rk.features.Numeric("w", shape=(1,)),
     rk.features.Categorical("c", dim=8, table="t", hash_buckets=100),
     rk.features.Categorical("b", dim=8, boundaries=[0, 1.5, 10]),
     rk.features.Categorical("s", dim=8, dtype="string"),
@@ -40,6 +51,24 @@ def test_error_names_the_feature():
 def test_config_round_trip(spec):
     again = spec_module.deserialize(spec_module.serialize(spec))
     assert again == spec and again.get_config() == spec.get_config()
+
+
+def test_numeric_shape_and_size():
+    assert rk.features.Numeric("n").shape == () and rk.features.Numeric("n").size == 1
+    vector = rk.features.Numeric("v", shape=[3])        # a list, as JSON gives it back
+    assert vector.shape == (3,) and vector.size == 3
+    assert vector == rk.features.Numeric("v", shape=(3,))
+    assert vector != rk.features.Numeric("v", shape=(4,))
+    assert vector.get_config() == {"name": "v", "transform": None, "default": 0.0,
+                                   "shape": (3,)}
+
+
+@pytest.mark.parametrize("spec", [rk.features.Numeric("n"),
+                                  rk.features.Numeric("v", shape=(5,), transform="log1p")])
+def test_numeric_config_survives_json(spec):
+    # Keras writes layer configs as JSON: the shape tuple comes back a list.
+    again = spec_module.deserialize(json.loads(json.dumps(spec_module.serialize(spec))))
+    assert again == spec and again.shape == spec.shape
 
 
 def test_shared_table_needs_equal_dims():
