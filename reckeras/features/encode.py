@@ -5,8 +5,11 @@ pyarrow RecordBatch/Table, or a dict of array-likes, becomes a dict of numpy
 arrays, one per feature input, and every bad input is rejected here, naming the
 feature, before any table row can change:
 
-* numeric features: float32; null -> NaN (the model fills the feature's
-  `default`); +-inf -> error; strings -> error.
+* numeric features: float32 `[B]`, or `[B, k]` for a vector feature of
+  `shape=(k,)` (read from a list column whose non-null rows all hold `k`
+  numbers, or a 2-D array of width `k`; any other width -> error); null
+  -> NaN (the model fills the feature's `default`), per element for a
+  vector (a null vector is `k` NaNs); +-inf -> error; strings -> error.
 * Categorical ids: int64; null -> -1 (missing values share one row); negative
   ids -> error; strings in an int64 feature -> error; strings of a
   `dtype="string"` feature are hashed (`hashing.hash_strings`).
@@ -52,7 +55,8 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
     """A pyarrow Table of a raw batch.
 
     A 2-D numpy array in a dict becomes a fixed-size list column (a padded
-    sequence); other values go through `pyarrow.array`.
+    sequence, or the vectors of a `Numeric` of `shape=(k,)`); other values
+    go through `pyarrow.array`.
 
     Args:
         batch: a pyarrow RecordBatch or Table, or a dict of array-likes.
@@ -104,16 +108,54 @@ def _is_string(type_: pa.DataType) -> bool:
     return pa.types.is_string(type_) or pa.types.is_large_string(type_)
 
 
+def _is_number(type_: pa.DataType) -> bool:
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_)
+
+
+def _is_list(type_: pa.DataType) -> bool:
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_) \
+        or pa.types.is_fixed_size_list(type_)
+
+
 def _numbers(spec: Any, column: pa.Array) -> np.ndarray:
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+    if not _is_number(column.type):
+        hint = "; declare shape=(k,) for a vector feature" \
+            if isinstance(spec, Numeric) and _is_list(column.type) else ""
         raise FeatureInputError(f"feature {spec.name!r}: expected a numeric column, "
-                                f"got {column.type}")
+                                f"got {column.type}{hint}")
     # Large counts lose precision in float32; that is the documented input type.
     values = column.cast(pa.float32(), safe=False).to_numpy(zero_copy_only=False)
     values = np.asarray(values, dtype=np.float32)
     if np.isinf(values).any():
         raise FeatureInputError(f"feature {spec.name!r}: column holds +-inf")
     return values
+
+
+def _vectors(spec: Numeric, column: pa.Array) -> np.ndarray:
+    """The `[B, k]` float32 values of a vector feature; missing elements NaN."""
+    width = spec.shape[0]
+    if not _is_list(column.type) or not _is_number(column.type.value_type):
+        raise FeatureInputError(f"feature {spec.name!r}: expected a list column of "
+                                f"{width} numbers per row, got {column.type}")
+    if pa.types.is_fixed_size_list(column.type):
+        if column.type.list_size != width:
+            raise FeatureInputError(f"feature {spec.name!r}: expected vectors of width "
+                                    f"{width}, got width {column.type.list_size}")
+    else:
+        lengths = pc.list_value_length(column)
+        wrong = pc.and_kleene(pc.is_valid(lengths), pc.not_equal(lengths, width))
+        if pc.any(wrong).as_py():
+            row = pc.index(wrong, True).as_py()
+            raise FeatureInputError(
+                f"feature {spec.name!r}: row {row} has length {lengths[row].as_py()}; "
+                f"expected vectors of width {width}")
+    # flatten() skips null rows: they are filled with NaN (the default) below.
+    values = _numbers(spec, column.flatten()).reshape(-1, width)
+    if not column.null_count:
+        return values
+    vectors = np.full((len(column), width), np.nan, dtype=np.float32)
+    vectors[np.asarray(column.is_valid())] = values
+    return vectors
 
 
 def _ids(spec: Any, values: pa.Array) -> np.ndarray:
@@ -224,7 +266,8 @@ def encode(specs: _Sequence[Any],
             continue
         column = _column(table, positions, spec)
         if isinstance(spec, Numeric):
-            inputs[spec.name] = _numbers(spec, column)
+            inputs[spec.name] = _vectors(spec, column) if spec.shape \
+                else _numbers(spec, column)
         elif isinstance(spec, Categorical) and spec.boundaries is not None:
             inputs[spec.name] = _numbers(spec, column)
         elif isinstance(spec, Categorical):
@@ -238,8 +281,8 @@ def _plain_blocks(specs: _Sequence[Any], table: pa.Table,
                   positions: dict[str, int]) -> dict[str, np.ndarray]:
     """The features whose columns need no per-column work, encoded block-wise.
 
-    int64 columns of int64 Categoricals and float32 columns of Numerics,
-    without nulls, are each converted in one pyarrow call (a column-major
+    int64 columns of int64 Categoricals and float32 columns of scalar
+    Numerics, without nulls, are each converted in one pyarrow call (a column-major
     matrix whose columns are the features' arrays) and checked in one numpy
     pass; on a batch of hundreds of one-hot features that is ~10x faster
     than column by column. A block with a null goes column by column (its
@@ -255,7 +298,8 @@ def _plain_blocks(specs: _Sequence[Any], table: pa.Table,
         if isinstance(spec, Categorical) and spec.boundaries is None \
                 and spec.dtype != "string" and types[position] == int64:
             ids.append(spec)
-        elif isinstance(spec, Numeric) and types[position] == float32:
+        elif isinstance(spec, Numeric) and not spec.shape \
+                and types[position] == float32:
             floats.append(spec)
     inputs = {}
     for block, bad, message in (

@@ -137,3 +137,70 @@ def test_block_errors_name_the_feature():
     bad_values = table.set_column(5, "f1", pa.array(values))
     with pytest.raises(FeatureInputError, match="feature 'f1': column holds \\+-inf"):
         encode(specs, bad_values)
+
+
+VECTOR = rk.features.Numeric("v", shape=(3,), default=9.0)
+
+
+@pytest.mark.parametrize("column", [
+    pa.array([[1, 2, 3], None, [4, None, 6], [7, 8, np.nan]], pa.list_(pa.float64())),
+    pa.array([[1, 2, 3], None, [4, None, 6], [7, 8, np.nan]], pa.list_(pa.float32(), 3)),
+    pa.array([[1, 2, 3], None, [4, None, 6], [7, 8, None]], pa.large_list(pa.int32())),
+])
+def test_vectors_from_list_columns_keep_missing_elements_as_nan(column):
+    # NaN marks every missing element (the model fills the default): a null
+    # vector is k of them, a null or NaN element one.
+    out = encode([VECTOR], pa.table({"v": column}))["v"]
+    assert out.dtype == np.float32 and out.shape == (4, 3)
+    np.testing.assert_array_equal(out, [[1, 2, 3], [np.nan] * 3, [4, np.nan, 6],
+                                        [7, 8, np.nan]])
+
+
+def test_vectors_from_a_2d_array_and_from_sliced_columns():
+    values = np.arange(12, dtype=np.float64).reshape(4, 3)
+    values[1, 2] = np.nan
+    np.testing.assert_array_equal(encode([VECTOR], {"v": values})["v"],
+                                  values.astype(np.float32))
+    # A slice of a column (a batch of a larger table) starts at its own row.
+    for column in (pa.array(values.tolist()),
+                   pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), 3)):
+        sliced = pa.table({"v": column}).slice(1, 2)
+        np.testing.assert_array_equal(encode([VECTOR], sliced)["v"], values[1:3])
+
+
+def test_vector_width_one_is_a_column():
+    out = encode([rk.features.Numeric("w", shape=(1,))], {"w": np.array([[2.0], [3.0]])})
+    assert out["w"].shape == (2, 1) and out["w"].tolist() == [[2.0], [3.0]]
+
+
+@pytest.mark.parametrize("values, message", [
+    (pa.array([[1.0, 2.0, 3.0, 4.0]], pa.list_(pa.float64(), 4)),
+     "feature 'v': expected vectors of width 3, got width 4"),
+    (np.ones((2, 2)), "feature 'v': expected vectors of width 3, got width 2"),
+    (pa.array([[1.0, 2.0, 3.0], [1.0, 2.0]]),
+     "feature 'v': row 1 has length 2; expected vectors of width 3"),
+    (pa.array([[1.0, 2.0, 3.0], []], pa.list_(pa.float64())), "feature 'v': row 1 has length 0"),
+    (pa.array([1.0, 2.0]), "feature 'v': expected a list column of 3 numbers per row, got double"),
+    (pa.array([["a", "b", "c"]]), "feature 'v': expected a list column of 3 numbers"),
+    (pa.array([[1.0, np.inf, 0.0]]), "feature 'v': column holds \\+-inf"),
+    (np.array([[1.0, 2.0, -np.inf]]), "feature 'v': column holds \\+-inf"),
+])
+def test_bad_vectors_name_the_feature(values, message):
+    with pytest.raises(FeatureInputError, match=message):
+        encode([rk.features.Numeric("n"), VECTOR], {"n": np.zeros(len(values)), "v": values})
+
+
+def test_a_scalar_numeric_given_vectors_says_to_declare_a_shape():
+    with pytest.raises(FeatureInputError, match="feature 'n': expected a numeric column, "
+                                                "got fixed_size_list.*declare shape=\\(k,\\)"):
+        encode([rk.features.Numeric("n")], {"n": np.ones((2, 3))})
+
+
+def test_vector_features_stay_out_of_the_scalar_block():
+    # float32 scalar Numerics are encoded as one block; a vector feature
+    # handed a scalar float32 column must still be refused, not stacked.
+    specs = [rk.features.Numeric("a"), rk.features.Numeric("b"),
+             rk.features.Numeric("v", shape=(2,))]
+    table = pa.table({name: pa.array([1.0, 2.0], pa.float32()) for name in "abv"})
+    with pytest.raises(FeatureInputError, match="feature 'v': expected a list column"):
+        encode(specs, table)
