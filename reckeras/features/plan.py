@@ -1,8 +1,8 @@
 """The transform plan: feature specs compiled once into per-kind tensors.
 
 At build time the specs are sorted into kinds and every per-feature parameter
-is put into a small tensor (defaults, transform masks, padded bucket
-boundaries, cross members, hash bucket counts, sequence widths); each is
+is put into a small tensor (per-column defaults and transform masks, padded
+bucket boundaries, cross members, hash bucket counts, sequence widths); each is
 copied once to every device a batch arrives on. Per batch, each kind is then
 one entry point of `backend_kernels.transforms` over all of its features:
 one Triton launch on CUDA tensors (two for sequences: count, then pack), one
@@ -49,8 +49,10 @@ class TransformPlan:
 
     Attributes:
         numeric: the Numeric specs, in declaration order (the columns of
-            `dense`).
-        numeric_default: float32 `[n_numeric]`, their defaults.
+            `dense`: one per scalar feature, `k` per vector of `shape=(k,)`).
+        dense_width: the number of columns of `dense`, the sum of the
+            numeric features' `size`.
+        numeric_default: float32 `[dense_width]`, the default of each column.
         slots: the sparse specs in slot order.
         sparse_in_declaration_order: the sparse specs in declaration order.
 
@@ -77,6 +79,9 @@ class TransformPlan:
         self.specs = specs
         by_name = {s.name: s for s in specs}
         self.numeric = [s for s in specs if isinstance(s, Numeric)]
+        self.dense_width = sum(s.size for s in self.numeric)
+        # Scalars only (the common case): `dense` stacks the inputs as they come.
+        self._scalar_numeric_only = not any(s.shape for s in self.numeric)
         self.ids = [s for s in specs
                     if isinstance(s, Categorical) and s.boundaries is None]
         self.bucketized = [s for s in specs
@@ -111,8 +116,9 @@ class TransformPlan:
         self.tables = {table: spec.dim for table, spec in dims.items()}
 
     def _build_tensors(self, categorical_names):
-        self.numeric_default = torch.tensor([s.default for s in self.numeric],
-                                            dtype=torch.float32)
+        # Per dense column: a vector feature repeats its parameters k times.
+        self.numeric_default = torch.tensor(
+            [s.default for s in self.numeric for _ in range(s.size)], dtype=torch.float32)
         widest = max((len(s.boundaries) for s in self.bucketized), default=0)
         boundaries = torch.full((len(self.bucketized), widest), float("inf"))
         for row, spec in enumerate(self.bucketized):   # build time only
@@ -124,10 +130,12 @@ class TransformPlan:
         # batch's device once.
         self._planned = {
             "numeric_default": self.numeric_default,
-            "numeric_log1p": torch.tensor([s.transform == "log1p" for s in self.numeric],
-                                          dtype=torch.bool),
+            "numeric_log1p": torch.tensor(
+                [s.transform == "log1p" for s in self.numeric for _ in range(s.size)],
+                dtype=torch.bool),
             "numeric_standardize": torch.tensor(
-                [s.transform == "standardize" for s in self.numeric], dtype=torch.bool),
+                [s.transform == "standardize" for s in self.numeric
+                 for _ in range(s.size)], dtype=torch.bool),
             "boundaries": boundaries,
             # The rows of the categorical block each cross combines, -1 past its arity.
             "cross_members": torch.tensor(
@@ -160,15 +168,17 @@ class TransformPlan:
 
         NaN (a missing value) becomes the feature's `default`, then `log1p`
         features get `sign(x) * log1p(|x|)` and `standardize` features
-        `(x - mean) / std`.
+        `(x - mean) / std`, element by element for a vector feature.
 
         Args:
-            inputs: `{name: float tensor [B]}`, at least the numeric features.
-            mean: float32 `[n_numeric]`, read for the `standardize` features.
-            std: float32 `[n_numeric]`, likewise.
+            inputs: `{name: float tensor}`, at least the numeric features:
+                `[B]` for a scalar, `[B, k]` for a vector of `shape=(k,)`.
+            mean: float32 `[dense_width]`, read for the `standardize` columns.
+            std: float32 `[dense_width]`, likewise.
 
         Returns:
-            float32 `[B, n_numeric]`, columns in the order of `numeric`.
+            float32 `[B, dense_width]`: the features' columns in the order of
+            `numeric`, a vector's `k` columns in element order.
 
         Example:
 
@@ -178,7 +188,12 @@ class TransformPlan:
                    torch.ones(1))                  # [[0.0], [0.0]]
         ```
         """
-        x = torch.stack([inputs[s.name] for s in self.numeric], dim=1).float()
+        if self._scalar_numeric_only:
+            x = torch.stack([inputs[s.name] for s in self.numeric], dim=1).float()
+        else:
+            batch = len(inputs[self.numeric[0].name])
+            x = torch.cat([_columns(inputs[s.name], s, batch) for s in self.numeric],
+                          dim=1).float()
         planned = self._on(x.device)
         x = torch.where(torch.isnan(x), planned["numeric_default"], x)
         logged = torch.sign(x) * torch.log1p(x.abs())
@@ -243,6 +258,14 @@ class TransformPlan:
         planned = self._on(flat.device)
         return transforms.pack_sequences(flat.long(), planned["sequence_width_offsets"],
                                          planned["sequence_buckets"], batch)
+
+
+def _columns(values, spec, batch):
+    """The `[batch, size]` dense columns of a numeric feature."""
+    if tuple(values.shape) != (batch, *spec.shape):
+        raise ValueError(f"feature {spec.name!r}: expected {[batch, *spec.shape]} "
+                         f"values, got {list(values.shape)}")
+    return values.reshape(batch, spec.size)
 
 
 def _rows(padded, spec, batch):

@@ -19,8 +19,9 @@ class FeatureColumns(keras.layers.Layer):
     """Turns raw feature columns into model inputs, with fused transforms.
 
     Calling the layer on the dict of raw inputs returns `(dense, sparse)`:
-    `dense` is the `[B, n_numeric]` float32 block of the numeric features
-    after their transforms, and `sparse` is the packed sparse batch
+    `dense` is the `[B, D]` float32 block of the numeric features after
+    their transforms (`D` columns: one per scalar feature and `k` per vector
+    feature of `shape=(k,)`, in declaration order), and `sparse` is the packed sparse batch
     `{"ids": [N], "offsets": [S * B + 1]}` of every sparse feature (see
     `reckeras.ragged`) for `rk.layers.ShardedEmbedding`. Each transform
     kind (missing-value fill, log1p, standardize, bucketize, hash, cross,
@@ -50,7 +51,8 @@ class FeatureColumns(keras.layers.Layer):
         self.specs = [deserialize(s) for s in specs]
         self.plan = TransformPlan(self.specs)
         self.input_names = encoding.raw_columns(self.specs)
-        count = len(self.plan.numeric)
+        # One statistic per dense column: a vector is standardized per element.
+        count = self.plan.dense_width
         self.mean = self.add_weight(shape=(count,), initializer="zeros",
                                     trainable=False, name="mean")
         self.std = self.add_weight(shape=(count,), initializer="ones",
@@ -61,11 +63,22 @@ class FeatureColumns(keras.layers.Layer):
     # ---- declaration ---------------------------------------------------------
 
     def inputs(self) -> dict:
-        """A dict of `keras.Input`, one per raw column, for the functional API."""
+        """A dict of `keras.Input`, one per raw column, for the functional API.
+
+        Numeric features are float32 of their `shape` (`()` or `(k,)`),
+        bucketized Categoricals float32 `()`, other Categoricals int64 `()`,
+        Sequences int64 `(max_len,)`.
+
+        Returns:
+            `{feature name: keras.Input}` in declaration order (none for a
+            `Cross`).
+        """
         inputs = {}
         for spec in self.specs:
-            if isinstance(spec, Numeric) or (
-                    isinstance(spec, Categorical) and spec.boundaries is not None):
+            if isinstance(spec, Numeric):
+                inputs[spec.name] = keras.Input(shape=spec.shape, dtype="float32",
+                                                name=spec.name)
+            elif isinstance(spec, Categorical) and spec.boundaries is not None:
                 inputs[spec.name] = keras.Input(shape=(), dtype="float32", name=spec.name)
             elif isinstance(spec, Categorical):
                 inputs[spec.name] = keras.Input(shape=(), dtype="int64", name=spec.name)
@@ -104,6 +117,10 @@ class FeatureColumns(keras.layers.Layer):
     def adapt(self, batches: Iterable) -> None:
         """Computes mean and std of the `standardize` features.
 
+        The statistics are per dense column, so per element of a vector
+        feature; missing values count as the feature's `default`, as the
+        model sees them.
+
         Args:
             batches: an iterable of raw batches (RecordBatch, Table or dict).
         """
@@ -111,12 +128,13 @@ class FeatureColumns(keras.layers.Layer):
         if not columns:
             return
         count = 0
-        total = np.zeros(len(self.plan.numeric))
-        squares = np.zeros(len(self.plan.numeric))
+        total = np.zeros(self.plan.dense_width)
+        squares = np.zeros(self.plan.dense_width)
         defaults = self.plan.numeric_default.numpy().astype(np.float64)
         for batch in batches:
             inputs = self.encode(batch)
-            x = np.stack([inputs[s.name] for s in self.plan.numeric], axis=1)
+            x = np.concatenate([inputs[s.name].reshape(-1, s.size)
+                                for s in self.plan.numeric], axis=1)
             x = np.where(np.isnan(x), defaults, x.astype(np.float64))
             count += len(x)
             total += x.sum(axis=0)
@@ -145,7 +163,7 @@ class FeatureColumns(keras.layers.Layer):
                 tensors or arrays).
 
         Returns:
-            `(dense, sparse)`: float32 `[B, n_numeric]` and
+            `(dense, sparse)`: float32 `[B, D]` (`D = plan.dense_width`) and
             `{"ids": [N], "offsets": [S * B + 1]}` (None without sparse
             features).
 
@@ -173,7 +191,7 @@ class FeatureColumns(keras.layers.Layer):
 
     def compute_output_spec(self, inputs: dict) -> tuple:
         batch = next(iter(inputs.values())).shape[0]
-        dense = keras.KerasTensor((batch, len(self.plan.numeric)), dtype="float32")
+        dense = keras.KerasTensor((batch, self.plan.dense_width), dtype="float32")
         sparse = {"ids": keras.KerasTensor((None,), dtype="int64"),
                   "offsets": keras.KerasTensor((None,), dtype="int64")} \
             if self.plan.slots else None

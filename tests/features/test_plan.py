@@ -6,6 +6,7 @@ import os
 import random
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +16,7 @@ import reckeras as rk
 from reckeras.backend_kernels import dispatch, transforms
 from reckeras.backend_kernels.dispatch import TRITON_AVAILABLE
 from reckeras.backend_kernels.hashing import INT64_MAX, mix64, mix64_numpy
+from reckeras.features.encode import encode
 from reckeras.features.plan import TransformPlan
 
 
@@ -57,6 +59,103 @@ def test_dense_transforms():
                          [np.log1p(5.0), 2.0, 0.0],
                          [-np.log1p(3.0), 0.0, 1.0]], dtype=np.float32)
     np.testing.assert_allclose(dense.numpy(), expected, rtol=1e-6)
+
+
+def numpy_dense(specs, raw, mean, std):
+    """The dense block in float64 numpy, from the raw rows: a row is None
+    (missing), a number, or for a vector a list of numbers and Nones."""
+    columns = []
+    for spec in specs:
+        for j in range(spec.size):
+            column = []
+            for row in raw[spec.name]:
+                value = row if not spec.shape or row is None else row[j]
+                missing = value is None or np.isnan(value)
+                column.append(spec.default if missing else float(np.float32(value)))
+            columns.append((spec, np.array(column)))
+    block = []
+    for index, (spec, x) in enumerate(columns):
+        if spec.transform == "log1p":
+            x = np.sign(x) * np.log1p(np.abs(x))
+        elif spec.transform == "standardize":
+            x = (x - mean[index]) / std[index]
+        block.append(x)
+    return np.stack(block, axis=1)
+
+
+def raw_column(spec, rows, layout):
+    """One way a batch can hold the raw rows of a numeric feature."""
+    if not spec.shape:
+        return pa.array(rows, pa.float64()) if layout != "numpy" else \
+            np.array([np.nan if v is None else v for v in rows])
+    if layout == "list":
+        return pa.array(rows, pa.list_(pa.float64()))
+    if layout == "fixed":
+        return pa.array(rows, pa.list_(pa.float32(), spec.size))
+    return np.array([[np.nan] * spec.size if row is None else
+                     [np.nan if v is None else v for v in row] for row in rows])
+
+
+@st.composite
+def numeric_batches(draw):
+    count = draw(st.integers(1, 4))
+    specs = [rk.features.Numeric(
+        f"n{i}", shape=draw(st.sampled_from([(), (1,), (3,), (64,)])),
+        transform=draw(st.sampled_from([None, "log1p", "standardize"])),
+        default=draw(st.floats(-5, 5))) for i in range(count)]
+    batch = draw(st.integers(1, 5))
+    number = st.one_of(st.floats(-1e3, 1e3, width=32), st.just(float("nan")), st.none())
+    raw, layouts = {}, {}
+    for spec in specs:
+        layouts[spec.name] = draw(st.sampled_from(["list", "fixed", "numpy"]))
+        row = st.lists(number, min_size=spec.size, max_size=spec.size) \
+            if spec.shape else number
+        if layouts[spec.name] != "numpy" or not spec.shape:
+            row = st.one_of(st.none(), row)       # a missing row (or vector)
+        raw[spec.name] = draw(st.lists(row, min_size=batch, max_size=batch))
+    width = sum(s.size for s in specs)
+    mean = draw(st.lists(st.floats(-10, 10), min_size=width, max_size=width))
+    std = draw(st.lists(st.floats(0.25, 4), min_size=width, max_size=width))
+    return specs, raw, layouts, np.array(mean), np.array(std)
+
+
+@settings(max_examples=40, deadline=None, print_blob=True)
+@given(numeric_batches())
+def test_encoded_scalar_and_vector_numerics_equal_numpy(case):
+    specs, raw, layouts, mean, std = case
+    batch = {s.name: raw_column(s, raw[s.name], layouts[s.name]) for s in specs}
+    plan = TransformPlan(specs)
+    assert plan.dense_width == sum(s.size for s in specs)
+    inputs = {name: torch.from_numpy(v) for name, v in encode(specs, batch).items()}
+    dense = plan.dense(inputs, torch.tensor(mean, dtype=torch.float32),
+                       torch.tensor(std, dtype=torch.float32))
+    assert dense.dtype == torch.float32 and dense.shape == (len(raw["n0"]), plan.dense_width)
+    np.testing.assert_allclose(dense.numpy(), numpy_dense(specs, raw, mean, std),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_vector_columns_sit_in_declaration_order():
+    plan = TransformPlan([rk.features.Numeric("a", default=-1.0),
+                          rk.features.Numeric("v", shape=(2,), transform="log1p", default=3.0),
+                          rk.features.Numeric("b", transform="standardize")])
+    assert plan.dense_width == 4
+    assert plan.numeric_default.tolist() == [-1.0, 3.0, 3.0, 0.0]
+    inputs = {"a": torch.tensor([float("nan"), 2.0]),
+              "v": torch.tensor([[float("nan"), 1.0], [-1.0, 0.0]]),
+              "b": torch.tensor([5.0, 7.0])}
+    dense = plan.dense(inputs, torch.tensor([0.0, 0.0, 0.0, 4.0]), torch.full((4,), 2.0))
+    log = np.log1p
+    np.testing.assert_allclose(dense.numpy(), [[-1.0, log(3.0), log(1.0), 0.5],
+                                               [2.0, -log(1.0), 0.0, 1.5]], rtol=1e-6)
+
+
+def test_numeric_inputs_of_the_wrong_shape_are_refused():
+    plan = TransformPlan([rk.features.Numeric("a"), rk.features.Numeric("v", shape=(3,))])
+    with pytest.raises(ValueError, match=r"feature 'v': expected \[2, 3\] values, got \[2, 4\]"):
+        plan.dense({"a": torch.zeros(2), "v": torch.zeros(2, 4)}, torch.zeros(4), torch.ones(4))
+    with pytest.raises(ValueError, match=r"feature 'a': expected \[2\] values, got \[2, 1\]"):
+        plan.dense({"a": torch.zeros(2, 1), "v": torch.zeros(2, 3)}, torch.zeros(4),
+                   torch.ones(4))
 
 
 def test_packed_sparse_layout_and_transforms():

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import reckeras as rk
+from reckeras.features.encode import as_table
 
 
 def make_columns():
@@ -49,3 +50,110 @@ def test_config_round_trip():
     columns = make_columns()
     again = rk.layers.FeatureColumns.from_config(columns.get_config())
     assert again.specs == columns.specs
+
+
+def vector_columns():
+    return rk.layers.FeatureColumns([
+        rk.features.Numeric("n", transform="log1p"),
+        rk.features.Numeric("v", shape=(3,), transform="standardize", default=-2.0),
+        rk.features.Numeric("w", shape=(64,)),
+        rk.features.Categorical("c", dim=4)])
+
+
+def test_vector_inputs_and_dense_width():
+    columns = vector_columns()
+    inputs = columns.inputs()
+    assert tuple(inputs["v"].shape) == (None, 3) and inputs["v"].dtype == "float32"
+    assert tuple(inputs["n"].shape) == (None,)
+    assert columns.plan.dense_width == 68
+    assert columns.mean.shape == (68,) and columns.std.shape == (68,)
+    dense, _ = columns(inputs)
+    assert tuple(dense.shape) == (None, 68)
+
+
+def test_adapt_is_per_element_and_counts_missing_as_the_default():
+    rng = np.random.default_rng(0)
+    columns = vector_columns()
+    rows = 50
+    values = rng.normal(loc=[1.0, -3.0, 10.0], scale=[0.5, 2.0, 4.0], size=(2 * rows, 3))
+    values[7, 1] = np.nan                                  # a NaN element
+    vectors = [list(row) for row in values]
+    vectors[11] = None                                     # a missing vector
+    vectors[12] = [None, 1.0, 2.0]                         # a null element
+    batches = [pa.table({"n": np.zeros(rows), "c": np.zeros(rows, np.int64),
+                         "w": pa.array([[0.0] * 64] * rows),
+                         "v": pa.array(vectors[i:i + rows], pa.list_(pa.float64()))})
+               for i in (0, rows)]
+    columns.adapt(batches)
+    expected = np.array([[-2.0 if v is None or np.isnan(v) else np.float32(v)
+                          for v in (row or [None] * 3)] for row in vectors])
+    np.testing.assert_allclose(columns.mean.numpy()[1:4], expected.mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(columns.std.numpy()[1:4], expected.std(axis=0), rtol=1e-5)
+    # A constant column gets std 1, not a division by zero.
+    assert (columns.std.numpy()[4:] == 1.0).all()
+    assert not columns.needs_adapt
+
+
+def vector_data(n=1200, seed=0):
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=(n, 3)) * [1.0, 5.0, 0.1] + [0.0, 20.0, -1.0]
+    a = rng.integers(0, 10, n)
+    logit = 2.0 * (v[:, 0] - (v[:, 1] - 20.0) / 5.0) + np.where(a % 2 == 0, 1.0, -1.0)
+    return pa.table({
+        "v": pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), 3),
+        "n": rng.exponential(size=n), "a": a,
+        "label": (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)})
+
+
+def vector_model():
+    keras.utils.set_random_seed(0)
+    columns = rk.layers.FeatureColumns([
+        rk.features.Numeric("v", shape=(3,), transform="standardize"),
+        rk.features.Numeric("n", transform="log1p"),
+        rk.features.Categorical("a", dim=4)])
+    model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
+                  metrics=[rk.metrics.AUC()])
+    return model, columns
+
+
+def test_model_with_a_vector_feature_fits_saves_and_loads(tmp_path):
+    model, columns = vector_model()
+    data = vector_data()
+    history = model.fit(data, batch_size=100, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert history.history["auc"][-1] > 0.7
+    v = data.column("v").combine_chunks().flatten().to_numpy().reshape(-1, 3)
+    np.testing.assert_allclose(columns.mean.numpy()[:3], v.mean(axis=0), rtol=1e-4)
+    np.testing.assert_allclose(columns.std.numpy()[:3], v.std(axis=0), rtol=1e-4)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    probe = vector_data(300, seed=1)
+    predictions = model.predict(probe, batch_size=128)
+    np.testing.assert_array_equal(loaded.predict(probe, batch_size=128), predictions)
+    # A dict with the vectors as a 2-D array predicts the same.
+    as_dict = {"v": probe.column("v").combine_chunks().flatten().to_numpy().reshape(-1, 3),
+               "n": probe.column("n").to_numpy(), "a": probe.column("a").to_numpy()}
+    np.testing.assert_allclose(loaded.predict(as_dict, batch_size=128), predictions,
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("vectors, message", [
+    (np.ones((8, 4)), "feature 'v': expected vectors of width 3, got width 4"),
+    (pa.array([[1.0, 2.0, 3.0]] * 7 + [[1.0]]), "feature 'v': row 7 has length 1"),
+])
+def test_vectors_of_the_wrong_width_change_no_weight(vectors, message):
+    model, _ = vector_model()
+    model.fit(vector_data(64), batch_size=64, verbose=0)
+    before = [w.numpy().copy() for w in model.weights]
+    tables = [t.export() for layer in model.embedding_layers for t in layer.tables]
+    bad = vector_data(8).set_column(0, "v", as_table({"v": vectors}).column("v"))
+    with pytest.raises(rk.features.FeatureInputError, match=message):
+        model.fit(bad, batch_size=8, verbose=0)
+    for old, new in zip(before, model.weights):
+        np.testing.assert_array_equal(old, new.numpy())
+    for old, new in zip(tables, [t.export() for layer in model.embedding_layers
+                                 for t in layer.tables]):
+        for key in old:
+            np.testing.assert_array_equal(old[key], new[key])
