@@ -214,11 +214,14 @@ class Targets:
         weight: the per-example loss weight column, or None.
         class_weight: `{class index: weight}` (see `check_class_weight`),
             multiplied into the loss weights by each example's class.
+        binary: the label columns that must lie in [0, 1] (read by a binary
+            cross-entropy).
     """
 
     label: str | dict | None = None
     weight: str | None = None
     class_weight: dict | None = None
+    binary: frozenset = frozenset()
 
 
 def _column_values(batch, name, role):
@@ -251,9 +254,11 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
     inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
               for name, value in columns.encode(batch).items()}
     if isinstance(targets.label, dict):
-        labels = {output: _labels(batch, column) for output, column in targets.label.items()}
+        labels = {output: _labels(batch, column, column in targets.binary)
+                  for output, column in targets.label.items()}
     else:
-        labels = None if targets.label is None else _labels(batch, targets.label)
+        labels = None if targets.label is None else \
+            _labels(batch, targets.label, targets.label in targets.binary)
     weights = None
     if targets.weight is not None:
         column = _column_values(batch, targets.weight, "sample weight")
@@ -278,7 +283,7 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
             None if weights is None else weights.to(device))
 
 
-def _labels(batch, label):
+def _labels(batch, label, binary):
     column = _column_values(batch, label, "label")
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -289,6 +294,11 @@ def _labels(batch, label):
         y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
     if not np.isfinite(y).all():
         raise FeatureInputError(f"label column {label!r} has NaN or inf")
+    if binary and ((y < 0) | (y > 1)).any():
+        outside = y[(y < 0) | (y > 1)].flat[0]
+        raise FeatureInputError(f"label column {label!r} has values outside [0, 1] (such "
+                                f"as {outside:g}), which a binary cross-entropy loss "
+                                f"cannot take")
     return np.require(y, requirements="W")
 
 

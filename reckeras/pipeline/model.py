@@ -603,7 +603,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             raise ValueError("class_weight is only supported for models with a single "
                              "output (Keras's rule); weigh the examples with "
                              "sample_weight instead")
-        targets = Targets(label, weight, class_weight)
+        targets = Targets(label, weight, class_weight, self._binary_label_columns(label))
         self._adapt_if_needed(data, batch_size)
         for layer in self.embedding_layers:
             layer.engine.connect()            # checks configs agree across ranks
@@ -667,6 +667,15 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             raise ValueError("rk.Model trains several outputs given as a dict "
                              "rk.Model(inputs, {name: output, ...}), with labels per name")
         return label
+
+    def _binary_label_columns(self, label):
+        """The label columns a binary cross-entropy reads (checked in [0, 1])."""
+        losses = self.loss if isinstance(self.loss, dict) else \
+            {output: self.loss for output in label} if isinstance(label, dict) else \
+            {None: self.loss}
+        columns = label if isinstance(label, dict) else {None: label}
+        return frozenset(columns[output] for output, loss in losses.items()
+                         if output in columns and _is_binary_crossentropy(loss))
 
     def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False):
         """The loop's `CallbackList` (fit hands its own to its validation)."""
@@ -747,7 +756,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         batch_size = _batch_size(batch_size)
         verbose = _verbose(verbose) if distributed.world().is_main else 0
         data, weight = as_data(x, y, sample_weight)
-        targets = Targets(self._label_columns(data, labels, "evaluate"), weight)
+        label = self._label_columns(data, labels, "evaluate")
+        targets = Targets(label, weight, binary=self._binary_label_columns(label))
         total = streams.agreed_steps(data, batch_size, steps)
         callback_list = self._callback_list(callbacks, verbose, 1, total)
         self.reset_metrics()
@@ -850,6 +860,13 @@ def _split_group_metrics(metrics):
     metrics = list(metrics or [])
     gaucs = [m for m in metrics if isinstance(m, GAUC)]
     return [m for m in metrics if not isinstance(m, GAUC)] or None, gaucs, [None] * len(gaucs)
+
+
+def _is_binary_crossentropy(loss):
+    """Whether `loss` (a name, a function or a Loss) is a binary cross-entropy."""
+    name = loss if isinstance(loss, str) else \
+        getattr(loss, "name", None) or getattr(loss, "__name__", "")
+    return name in ("binary_crossentropy", "binary_focal_crossentropy")
 
 
 def _examples(y):

@@ -92,6 +92,7 @@ def test_failed_step_changes_no_weights():
     ("n", pa.array(["x"] * 8), "feature 'n': expected a numeric"),
     ("b", pa.array(["x"] * 8), "feature 'b' is declared int64"),
     ("label", pa.array([np.nan] * 8), "label column 'label' has NaN"),
+    ("label", pa.array([0.0, 1.0, -1.0, 1.0] * 2), r"label column 'label' has values outside \[0, 1\]"),
 ])
 def test_bad_batches_rejected_before_any_change(column, values, message):
     model = build()

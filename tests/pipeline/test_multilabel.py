@@ -145,3 +145,22 @@ def test_dict_labels_for_a_single_output_model_are_refused():
     from test_model import build as single, synthetic
     with pytest.raises(ValueError, match="has a single output"):
         single().fit(synthetic(64), labels={"a": "label"}, verbose=0)
+
+
+def test_a_label_outside_0_1_under_a_binary_loss_names_its_column():
+    data = two_task_data(200)
+    conv = data.column("conv").to_numpy().copy()
+    conv[7] = 2.0
+    bad = data.set_column(data.column_names.index("conv"), "conv", pa.array(conv))
+    model = build()
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(rk.features.FeatureInputError,
+                       match=r"label column 'conv' has values outside \[0, 1\] \(such as 2\)"):
+        model.fit(bad, labels={"click": "click", "conv": "conv"}, verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # Under another loss the same labels are taken as they are.
+    model.compile(optimizer="adam", loss={"click": "binary_crossentropy", "conv": "mse"},
+                  metrics={"click": [rk.metrics.AUC()], "conv": ["mae"]},
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
+    model.fit(bad, labels={"click": "click", "conv": "conv"}, verbose=0)
