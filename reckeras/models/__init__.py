@@ -5,5 +5,7 @@ from reckeras.models.dcn_v2 import dcn_v2
 from reckeras.models.deepfm import deepfm
 from reckeras.models.din import din
 from reckeras.models.dlrm import dlrm
+from reckeras.models.esmm import esmm
+from reckeras.models.mmoe import mmoe
 
-__all__ = ["bst", "dcn_v2", "deepfm", "din", "dlrm"]
+__all__ = ["bst", "dcn_v2", "deepfm", "din", "dlrm", "esmm", "mmoe"]
