@@ -1,7 +1,7 @@
 """`Dataset`: a re-iterable, shardable stream of fixed-size record batches.
 
 A dataset reads through a *source* that splits its files into *units*: a
-parquet row group, or a whole TSV file. A unit is the smallest piece that can
+parquet row group, or a whole ORC, CSV or TSV file. A unit is the smallest piece that can
 be read without reading the ones before it, so shuffling permutes units and
 sharding cuts the unit sequence into balanced row ranges; only a unit that
 straddles a cut is read (partly) by two shards.
@@ -34,14 +34,16 @@ TEACHER_PROB = "teacher_prob"
 class Dataset:
     """Labelled rows in files, streamed as fixed-size pyarrow record batches.
 
-    Make one with `load`, `generate`, `from_parquet` or `criteo_tsv` rather
-    than directly. Iterating is cheap to restart: every `batches` call opens
+    Make one with `load`, `generate`, `from_parquet`, `from_orc`, `from_csv`
+    or `criteo_tsv` rather than directly. Iterating is cheap to restart: every `batches` call opens
     the files afresh, so one `Dataset` serves every epoch and every reader.
 
     Args:
         source: the reader of the underlying files (see the module docstring).
         name: a short name used in messages, e.g. "criteo_synth:train".
         metadata: a dict describing the data.
+        label: the name of the label column; `label` is None (no labels, as
+            for data to predict on) when the schema has no such column.
 
     Example:
 
@@ -52,11 +54,12 @@ class Dataset:
     ```
     """
 
-    def __init__(self, source: Any, name: str, metadata: dict[str, Any]):
+    def __init__(self, source: Any, name: str, metadata: dict[str, Any],
+                 label: str = LABEL):
         self._source = source
         self.name = name
         self.metadata = metadata
-        self.label = LABEL
+        self.label = label if label in source.schema.names else None
 
     def __repr__(self) -> str:
         return (f"Dataset({self.name!r}, files={len(self.files)}, "
@@ -237,6 +240,37 @@ class Dataset:
 def _check_batch_size(batch_size: Any) -> None:
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+def rows_of(batches: Iterable[pa.RecordBatch], start: int,
+            stop: int) -> Iterator[pa.Table]:
+    """Rows [start, stop) of a stream of record batches, read no further.
+
+    Args:
+        batches: the batches of one unit, in order.
+        start: the first row wanted.
+        stop: one past the last row wanted.
+
+    Returns:
+        An iterator of tables holding those rows, in order.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._dataset import rows_of
+
+    batches = pa.table({"x": range(10)}).to_batches(max_chunksize=4)
+    [t.num_rows for t in rows_of(batches, 3, 9)]   # [1, 4, 1]
+    ```
+    """
+    offset = 0
+    for batch in batches:
+        lo, hi = max(start - offset, 0), min(stop - offset, batch.num_rows)
+        offset += batch.num_rows
+        if lo < hi:
+            yield pa.Table.from_batches([batch.slice(lo, hi - lo)])
+        if offset >= stop:
+            return
 
 
 def _window_shuffle(pieces: Iterable[pa.Table],

@@ -2,76 +2,29 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
-import pyarrow.parquet as pq
-
-from reckeras.datasets._dataset import Dataset
+from reckeras.datasets._dataset import LABEL, Dataset
+from reckeras.datasets._files import Located, locate
+from reckeras.datasets._fragments import FragmentSource
 
 # Key of the JSON description that `generate` writes into the file footer.
 METADATA_KEY = b"reckeras.dataset"
 
 
-class _ParquetSource:
-    """The source of a parquet `Dataset`: its units are the row groups."""
-
-    def __init__(self, files: Sequence[str | os.PathLike]):
-        self.files = [str(f) for f in files]
-        self._metadata = [pq.read_metadata(f) for f in self.files]
-        self.schema = pq.read_schema(self.files[0])
-        for path in self.files[1:]:
-            other = pq.read_schema(path)
-            if not other.equals(self.schema, check_metadata=False):
-                raise ValueError(
-                    f"parquet file {path} has schema\n{other.remove_metadata()}\n"
-                    f"but {self.files[0]} has\n{self.schema.remove_metadata()}\n"
-                    f"all files of a dataset must share one schema")
-        # Units are (file index, row group index) in storage order.
-        self._units = [(f, g) for f, meta in enumerate(self._metadata)
-                       for g in range(meta.num_row_groups)]
-        self._unit_rows = [self._metadata[f].row_group(g).num_rows
-                           for f, g in self._units]
-
-    def unit_rows(self) -> list[int]:
-        return self._unit_rows
-
-    def read_unit(self, unit: int, start: int, stop: int,
-                  columns: list[str] | None) -> Iterator[pa.Table]:
-        file_index, group = self._units[unit]
-        # Passing the footer read at construction skips re-parsing it.
-        with pq.ParquetFile(self.files[file_index],
-                            metadata=self._metadata[file_index]) as parquet_file:
-            table = parquet_file.read_row_group(group, columns=columns)
-        yield table.slice(start, stop - start)
-
-    def description(self) -> dict[str, Any]:
-        raw = (self.schema.metadata or {}).get(METADATA_KEY)
-        return json.loads(raw) if raw else {}
-
-
-def _expand(path_or_glob: str | os.PathLike) -> list[str]:
-    pattern = os.fspath(path_or_glob)
-    if os.path.isdir(pattern):
-        files = sorted(str(p) for p in Path(pattern).rglob("*.parquet"))
-    elif any(char in pattern for char in "*?["):
-        files = sorted(p for p in glob.glob(pattern, recursive=True)
-                       if os.path.isfile(p))
-    else:
-        files = [pattern] if os.path.isfile(pattern) else []
-    if not files:
-        raise FileNotFoundError(f"no parquet files match {pattern!r}")
-    return files
+def _description(source: FragmentSource) -> dict[str, Any]:
+    raw = (source.fragments[0].metadata.metadata or {}).get(METADATA_KEY)
+    return json.loads(raw) if raw else {}
 
 
 def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
-    """A `Dataset` over the given parquet files.
+    """A `Dataset` over the given local parquet files.
 
     Its metadata is the JSON description `generate` writes into the first
     file's footer (empty for other files).
@@ -96,30 +49,57 @@ def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
     test = open_files([path], "my_test")
     ```
     """
-    source = _ParquetSource(files)
-    return Dataset(source, name, source.description())
+    paths = [os.fspath(file) for file in files]
+    located = Located(pafs.LocalFileSystem(), paths, "")
+    source = FragmentSource(located, ds.ParquetFileFormat(), None, "parquet")
+    return Dataset(source, name, _description(source))
 
 
-def from_parquet(path_or_glob: str | os.PathLike) -> Dataset:
+def from_parquet(path_or_glob: str | os.PathLike, *,
+                 partitioning: str | ds.Partitioning | None = "hive",
+                 filesystem: pafs.FileSystem | None = None,
+                 label: str = LABEL) -> Dataset:
     """Opens parquet files as a `Dataset`.
+
+    Directories named `key=value` below the given directory (hive
+    partitions, as in `logs/dt=2026-11-30/part-0.parquet`) become columns
+    after the files' own, one value per file: use them as features like any
+    column.
 
     Args:
         path_or_glob: a parquet file, a directory (every `*.parquet` file
-            below it), or a glob pattern such as "data/day_*.parquet".
+            below it), or a glob pattern such as "data/day_*.parquet" (`**`
+            for any depth); a local path, or a URI of any pyarrow filesystem
+            such as "file:///data/logs".
+        partitioning: "hive" to read `key=value` directories as columns
+            (pyarrow infers their type: int32 for integers, else string);
+            a `pyarrow.dataset.partitioning(...)` to declare their types or
+            read another layout; None to ignore the directory names.
+        filesystem: a `pyarrow.fs.FileSystem` that `path_or_glob` is in;
+            None for a local path or a URI.
+        label: the name of the label column (`Dataset.label` is None when
+            the files have no such column).
 
     Returns:
-        A `Dataset` over the matching files, in sorted path order.
+        A `Dataset` over the matching files, in sorted path order, with one
+        unit per row group.
 
     Raises:
         FileNotFoundError: when nothing matches.
-        ValueError: when the files do not share one schema (naming the file
-            that differs).
+        ValueError: when a file is not readable parquet or does not share
+            the first file's schema (naming the file), or a partition key is
+            also a column.
 
     Example:
 
     ```python
     train = rk.datasets.from_parquet("/data/criteo/train/*.parquet")
     batches = train.batches(4096, shuffle=True, seed=0)
+    logs = rk.datasets.from_parquet("file:///data/logs")   # logs/dt=.../*.parquet
+    logs.schema.field("dt")   # dt: string
     ```
     """
-    return open_files(_expand(path_or_glob), os.fspath(path_or_glob))
+    located = locate(path_or_glob, filesystem, (".parquet",), "parquet")
+    source = FragmentSource(located, ds.ParquetFileFormat(), partitioning,
+                            "parquet")
+    return Dataset(source, os.fspath(path_or_glob), _description(source), label)
