@@ -3,19 +3,24 @@
 Each line of the Kaggle Display Advertising Challenge's train.txt and of the
 Criteo 1TB Click Logs' day_N files is: the label, 13 integer counts I1..I13
 and 26 hex-hashed categories C1..C26, tab-separated, no header, with empty
-fields for missing values. Files may be gzip-compressed (`.gz`).
+fields for missing values. Files may be gzip-compressed (`.gz`). Public
+samples re-exported through a dataframe write the counts as decimals
+(`260.0`), so counts are parsed as text, then as integers or, failing that,
+as whole decimals.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
 
-from reckeras.datasets._dataset import LABEL, Dataset
+from reckeras.datasets._dataset import LABEL, Dataset, rows_of
+from reckeras.datasets._files import Located, locate
 
 NUMERIC_COLUMNS = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_COLUMNS = [f"C{i}" for i in range(1, 27)]
@@ -25,18 +30,50 @@ SCHEMA = pa.schema(
     + [pa.field(name, pa.int64()) for name in NUMERIC_COLUMNS]
     + [pa.field(name, pa.string()) for name in CATEGORICAL_COLUMNS])
 
+# How the file is parsed: counts as text, converted by `_counts`.
+_READ_TYPES = pa.schema([pa.field(name, pa.string())
+                         if name in NUMERIC_COLUMNS else SCHEMA.field(name)
+                         for name in COLUMNS])
+
+# A decimal count: digits with an optional fraction and exponent.
+_DECIMAL = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
+
 # Bytes parsed per block: big enough to amortize per-block overhead, small
 # enough that a multi-GB day file streams in bounded memory.
 _BLOCK_BYTES = 16 << 20
 
 
-def _open_stream(path: str) -> pa.NativeFile:
-    return pa.input_stream(path, compression="detect")
+class _BadCount(Exception):
+    """A count that is neither an integer nor a whole decimal."""
+
+    def __init__(self, row: int, value: str):
+        super().__init__(value)
+        self.row = row
+        self.value = value
 
 
-def _first_bad_line(path: str) -> tuple[int, int] | None:
+def _counts(text: pa.ChunkedArray) -> pa.ChunkedArray:
+    """int64 counts of a text column; raises `_BadCount` for the first bad one."""
+    try:
+        return text.cast(pa.int64())
+    except pa.ArrowInvalid:
+        pass
+    well_formed = pc.match_substring_regex(text, _DECIMAL)
+    numbers = pc.if_else(well_formed, text, None).cast(pa.float64())
+    # float64 holds every integer below 2**53 exactly, far above any count.
+    whole = pc.and_(pc.equal(pc.floor(numbers), numbers),
+                    pc.less(pc.abs(numbers), 2.0 ** 63))
+    bad = pc.and_(pc.is_valid(text), pc.invert(pc.fill_null(whole, False)))
+    if pc.any(bad).as_py():
+        row = pc.index(bad, True).as_py()
+        raise _BadCount(row, text[row].as_py())
+    return numbers.cast(pa.int64())
+
+
+def _first_bad_line(filesystem: pafs.FileSystem,
+                    path: str) -> tuple[int, int] | None:
     """`(line number, field count)` of the first line without 40 fields, if any."""
-    with _open_stream(path) as stream:
+    with filesystem.open_input_stream(path) as stream:
         line_number, tail = 0, b""
         while chunk := stream.read(_BLOCK_BYTES):
             lines = (tail + chunk).split(b"\n")
@@ -53,8 +90,9 @@ def _first_bad_line(path: str) -> tuple[int, int] | None:
 class _CriteoTsvSource:
     """The source of a Criteo TSV `Dataset`: its units are the files."""
 
-    def __init__(self, files: Sequence[str | os.PathLike]):
-        self.files = [str(f) for f in files]
+    def __init__(self, located: Located):
+        self._filesystem = located.filesystem
+        self.files = located.paths
         self.schema = SCHEMA
         self._unit_rows = None
 
@@ -65,10 +103,9 @@ class _CriteoTsvSource:
             self._unit_rows = [self._count_lines(path) for path in self.files]
         return self._unit_rows
 
-    @staticmethod
-    def _count_lines(path: str) -> int:
+    def _count_lines(self, path: str) -> int:
         lines, last = 0, b"\n"
-        with _open_stream(path) as stream:
+        with self._filesystem.open_input_stream(path) as stream:
             while chunk := stream.read(_BLOCK_BYTES):
                 lines += chunk.count(b"\n")
                 last = chunk[-1:]
@@ -80,7 +117,7 @@ class _CriteoTsvSource:
         try:
             yield from self._read_rows(path, start, stop, columns)
         except pa.ArrowInvalid as error:
-            bad = _first_bad_line(path)
+            bad = _first_bad_line(self._filesystem, path)
             if bad is None:
                 raise ValueError(f"{path}: {error}") from error
             line, fields = bad
@@ -91,44 +128,57 @@ class _CriteoTsvSource:
     def _read_rows(self, path: str, start: int, stop: int,
                    columns: list[str] | None) -> Iterator[pa.Table]:
         reader = pcsv.open_csv(
-            _open_stream(path),
+            self._filesystem.open_input_stream(path),
             read_options=pcsv.ReadOptions(column_names=COLUMNS,
                                           block_size=_BLOCK_BYTES),
             parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False,
                                             ignore_empty_lines=False),
             convert_options=pcsv.ConvertOptions(
-                column_types=SCHEMA, null_values=[""],
+                column_types=_READ_TYPES, null_values=[""],
                 strings_can_be_null=True, include_columns=columns or COLUMNS))
-        offset = 0
-        for batch in reader:
-            lo, hi = max(start - offset, 0), min(stop - offset, batch.num_rows)
-            offset += batch.num_rows
-            if lo < hi:
-                yield pa.Table.from_batches([batch.slice(lo, hi - lo)])
-            if offset >= stop:
-                return
+        # No header and no skipped lines: row r of the file is line r + 1.
+        first_row = start
+        for table in rows_of(reader, start, stop):
+            for name in NUMERIC_COLUMNS:
+                if name not in table.column_names:
+                    continue
+                try:
+                    counts = _counts(table[name])
+                except _BadCount as bad:
+                    raise ValueError(
+                        f"{path}, line {first_row + bad.row + 1}, column "
+                        f"{name}: count {bad.value!r} is not an integer") from None
+                table = table.set_column(table.column_names.index(name),
+                                         SCHEMA.field(name), counts)
+            first_row += table.num_rows
+            yield table
 
 
-def criteo_tsv(path_or_glob: str | os.PathLike) -> Dataset:
+def criteo_tsv(path_or_glob: str | os.PathLike, *,
+               filesystem: pafs.FileSystem | None = None) -> Dataset:
     """Opens Criteo click logs in their original tab-separated format.
 
     Lines hold the label, I1..I13 and C1..C26. Batches carry `label` and
     `I1`..`I13` as int64 and `C1`..`C26` as hex strings (hash them with the
-    features package); empty fields become nulls. Files are streamed block
+    features package); empty fields become nulls. Counts may be written as
+    integers (`260`) or whole decimals (`260.0`). Files are streamed block
     by block, so multi-GB day files never load whole; row counts (needed by
     `num_rows`, sharding and shuffling) take one extra pass over the bytes.
 
     Args:
-        path_or_glob: a file (plain or `.gz`) or a glob such as
-            "criteo/day_*.gz".
+        path_or_glob: a file (plain or `.gz`), a directory (every file
+            below it) or a glob such as "criteo/day_*.gz"; a local path or a
+            pyarrow filesystem URI.
+        filesystem: a `pyarrow.fs.FileSystem` that `path_or_glob` is in;
+            None for a local path or a URI.
 
     Returns:
         A `Dataset` with one unit per file, in sorted path order.
 
     Raises:
         FileNotFoundError: when nothing matches.
-        ValueError: while reading, for a line without 40 fields (naming the
-            file and line).
+        ValueError: while reading, for a line without 40 fields or a count
+            that is not a whole number (naming the file and line).
 
     Example:
 
@@ -137,11 +187,8 @@ def criteo_tsv(path_or_glob: str | os.PathLike) -> Dataset:
     batch = next(days.batches(4096, columns=["label", "C1"]))
     ```
     """
-    pattern = os.fspath(path_or_glob)
-    files = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
-    if not files:
-        raise FileNotFoundError(f"no Criteo TSV files match {pattern!r}")
-    return Dataset(_CriteoTsvSource(files), pattern, {
+    located = locate(path_or_glob, filesystem, ("",), "Criteo TSV")
+    return Dataset(_CriteoTsvSource(located), os.fspath(path_or_glob), {
         "description": "Criteo click logs (tab-separated: label, I1..I13, "
                        "C1..C26)",
         "format": "criteo_tsv"})

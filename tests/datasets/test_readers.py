@@ -1,9 +1,13 @@
 import gzip
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reckeras.datasets as rkd
 
@@ -113,3 +117,66 @@ class TestCriteoTsv:
     def test_no_match(self, tmp_path):
         with pytest.raises(FileNotFoundError, match="day_"):
             rkd.criteo_tsv(str(tmp_path / "day_*"))
+
+
+def criteo_text(rows, write_count):
+    """Criteo lines from (label, counts, categories) rows; counts via
+    `write_count(value)` (None: an empty field)."""
+    return "".join(tsv_line(
+        str(label), ["" if v is None else write_count(v) for v in counts],
+        ["" if c is None else c for c in categories])
+        for label, counts, categories in rows)
+
+
+CRITEO_ROWS = st.lists(st.tuples(
+    st.integers(0, 1),
+    st.lists(st.one_of(st.none(), st.integers(-1, 10**9)), min_size=13,
+             max_size=13),
+    st.lists(st.one_of(st.none(), st.sampled_from(["68fd1e64", "0a519c5c"])),
+             min_size=26, max_size=26)), min_size=1, max_size=40)
+
+
+class TestCriteoDecimalCounts:
+    @settings(max_examples=25, deadline=None)
+    @given(CRITEO_ROWS, st.sampled_from(["{}.0", "{}.000", "{}e0"]))
+    def test_decimal_file_reads_as_the_integer_file(self, rows, decimal):
+        with tempfile.TemporaryDirectory() as directory:
+            integers = Path(directory) / "integers.txt"
+            decimals = Path(directory) / "decimals.txt"
+            integers.write_text(criteo_text(rows, str))
+            decimals.write_text(criteo_text(rows, decimal.format))
+            expected = pa.table(
+                [pa.array([r[0] for r in rows], pa.int64())]
+                + [pa.array([r[1][i] for r in rows], pa.int64())
+                   for i in range(13)]
+                + [pa.array([r[2][i] for r in rows], pa.string())
+                   for i in range(26)],
+                schema=rkd.criteo_tsv(integers).schema)
+            assert rkd.criteo_tsv(integers).to_table().equals(expected)
+            from_decimals = rkd.criteo_tsv(decimals)
+            assert from_decimals.to_table().equals(expected)
+            shards = [pa.Table.from_batches(list(from_decimals.batches(
+                3, shard_index=k, num_shards=2)), expected.schema)
+                for k in range(2)]
+            assert pa.concat_tables(shards).equals(expected)
+
+    def test_mixed_forms_in_one_file(self, tmp_path):
+        path = tmp_path / "day_0"
+        path.write_text(tsv_line("1", ["260.0", "3", "", "-1.0", "1e2"]
+                                 + ["0"] * 8, ["x"] * 26))
+        table = rkd.criteo_tsv(path).to_table()
+        assert [table[f"I{i}"][0].as_py() for i in range(1, 6)] == \
+            [260, 3, None, -1, 100]
+
+    @pytest.mark.parametrize("bad", ["2.5", "abc", "nan", "1e30"])
+    def test_non_integer_count_names_file_line_and_column(self, tmp_path, bad):
+        path = tmp_path / "day_3"
+        good = tsv_line("0", ["1.0"] * 13, ["x"] * 26)
+        path.write_text(good * 2 + tsv_line("1", ["1.0"] * 4 + [bad]
+                                            + ["1.0"] * 8, ["x"] * 26))
+        with pytest.raises(ValueError,
+                           match=rf"day_3, line 3, column I5: count '{bad}'"):
+            rkd.criteo_tsv(path).to_table()
+        # Also when the bad line is read by the second of two shards.
+        with pytest.raises(ValueError, match="day_3, line 3, column I5"):
+            list(rkd.criteo_tsv(path).batches(1, shard_index=1, num_shards=2))
