@@ -3,9 +3,10 @@
 `criteo_synth` ships inside the package: a Criteo-like click log whose labels
 come from a hidden teacher, so the Bayes-optimal test AUC is known
 (`Dataset.bayes_auc`). `generate` writes larger splits from the same teacher;
-`from_parquet` and `criteo_tsv` read your own files. Every reader returns a
-`Dataset` that streams fixed-size `pyarrow.RecordBatch`es, shuffled and
-sharded on request.
+`from_parquet`, `from_orc`, `from_csv` and `criteo_tsv` read your own files,
+local or on any pyarrow filesystem, with hive partitions (`dt=2026-11-30/`)
+as columns. Every reader returns a `Dataset` that streams fixed-size
+`pyarrow.RecordBatch`es, shuffled and sharded on request.
 
 This package depends on nothing else of reckeras.
 
@@ -23,10 +24,12 @@ test.bayes_auc()  # 0.8466..., the AUC a perfect model would reach
 """
 
 from reckeras.datasets._criteo_tsv import criteo_tsv
+from reckeras.datasets._csv import from_csv
 from reckeras.datasets._dataset import Dataset
+from reckeras.datasets._orc import from_orc
 from reckeras.datasets._parquet import from_parquet
 from reckeras.datasets._registry import generate, list, load
 from reckeras.datasets.taobao import taobao_user_behavior
 
-__all__ = ["Dataset", "criteo_tsv", "from_parquet", "generate", "list", "load",
-           "taobao_user_behavior"]
+__all__ = ["Dataset", "criteo_tsv", "from_csv", "from_orc", "from_parquet",
+           "generate", "list", "load", "taobao_user_behavior"]

@@ -100,6 +100,20 @@ def _glob(filesystem: pafs.FileSystem, pattern: str) -> tuple[list[str], str]:
     return files, base
 
 
+def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
+    wildcard = next((i for i, char in enumerate(uri) if char in _WILDCARDS),
+                    None)
+    if wildcard is None:
+        return pafs.FileSystem.from_uri(uri)
+    # `[` is not valid in a URI: resolve the directory above the first
+    # wildcard, then append the pattern's remainder to its path.
+    cut = uri.rfind("/", 0, wildcard)
+    prefix = uri[:cut]
+    filesystem, directory = pafs.FileSystem.from_uri(
+        prefix + "/" if prefix.endswith(":/") else prefix)
+    return filesystem, directory.rstrip("/") + uri[cut:]
+
+
 def locate(path_or_glob: str | os.PathLike, filesystem: pafs.FileSystem | None,
            suffixes: Sequence[str], what: str) -> Located:
     """The files a reader opens.
@@ -133,7 +147,7 @@ def locate(path_or_glob: str | os.PathLike, filesystem: pafs.FileSystem | None,
     if filesystem is not None:
         path = pattern
     elif "://" in pattern:
-        filesystem, path = pafs.FileSystem.from_uri(pattern)
+        filesystem, path = _from_uri(pattern)
     else:
         filesystem, path = pafs.LocalFileSystem(), pattern
     if _has_wildcard(path):

@@ -81,7 +81,9 @@ class FragmentSource:
                 located.paths, format=file_format,
                 filesystem=located.filesystem, partitioning=partitioning,
                 partition_base_dir=located.base_dir)
-        except pa.ArrowInvalid as error:
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            # ArrowTypeError: a partition key clashes with a column of
+            # another type.
             raise ValueError(f"cannot open the {what} files: {error}") from error
         self.fragments = list(dataset.get_fragments())
         self.files = [fragment.path for fragment in self.fragments]
@@ -147,7 +149,7 @@ class FragmentSource:
         # ORC row counts are in the footers, CSV ones need a pass over the
         # text: both wait until a caller needs them.
         if self._unit_rows is None:
-            self._unit_rows = [_count_rows(fragment) for fragment in self._units]
+            self._unit_rows = [count_rows(fragment) for fragment in self._units]
         return self._unit_rows
 
     def read_unit(self, unit: int, start: int, stop: int,
@@ -190,7 +192,27 @@ def _row_groups(fragment: ds.Fragment) -> list[ds.Fragment]:
         raise file_error(fragment.path, error) from error
 
 
-def _count_rows(fragment: ds.Fragment) -> int:
+def count_rows(fragment: ds.Fragment) -> int:
+    """Rows of a file or row group, naming the file when it cannot be read.
+
+    Args:
+        fragment: the `pyarrow.dataset.Fragment`.
+
+    Returns:
+        Its row count (from the footer for parquet and ORC; for CSV, by
+        parsing the text).
+
+    Raises:
+        ValueError: naming the file.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._fragments import count_rows
+
+    count_rows(next(ds.dataset("part-0.orc", format="orc").get_fragments()))
+    ```
+    """
     try:
         return fragment.count_rows()
     except pa.ArrowInvalid as error:

@@ -1,0 +1,204 @@
+"""Delimited text files (CSV, TSV) as a dataset source: one unit per file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from reckeras.datasets._dataset import LABEL, Dataset
+from reckeras.datasets._files import Located, locate
+from reckeras.datasets._fragments import FragmentSource, count_rows
+
+# What a directory's files may be called; pyarrow decompresses by extension.
+_SUFFIXES = tuple(f"{kind}{compression}" for kind in (".csv", ".tsv")
+                  for compression in ("", ".gz", ".bz2"))
+
+
+def _is_list(type_: pa.DataType) -> bool:
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_)
+
+
+class _CsvSource(FragmentSource):
+    """The source of a CSV `Dataset`: files as units, list columns split."""
+
+    def __init__(self, located: Located,
+                 partitioning: str | ds.Partitioning | None,
+                 read_options: pcsv.ReadOptions,
+                 parse_options: pcsv.ParseOptions,
+                 column_types: Mapping[str, pa.DataType],
+                 null_values: Sequence[str], list_delimiter: str):
+        convert_options = pcsv.ConvertOptions(
+            # List columns are read as text, then split.
+            column_types={name: pa.string() if _is_list(type_) else type_
+                          for name, type_ in column_types.items()},
+            null_values=list(null_values), strings_can_be_null=True)
+        super().__init__(located, ds.CsvFileFormat(
+            read_options=read_options, parse_options=parse_options,
+            convert_options=convert_options), partitioning, "CSV")
+        # Headers are compared before any value is converted, so that a
+        # conversion error's column number names the right column.
+        self._header_format = ds.CsvFileFormat(read_options=read_options,
+                                               parse_options=parse_options)
+        self._filesystem = located.filesystem
+        unknown = sorted(set(column_types) - set(self.file_schema.names))
+        if unknown:
+            raise ValueError(
+                f"column_types names columns {unknown} that {self.files[0]} "
+                f"does not have; its columns are {self.file_schema.names}")
+        self._lists = {name: type_ for name, type_ in column_types.items()
+                       if _is_list(type_)}
+        self._list_delimiter = list_delimiter
+        self.schema = pa.schema([
+            pa.field(field.name, self._lists.get(field.name, field.type))
+            for field in self.read_schema])
+        self._checked = {0}
+
+    def _check_files(self) -> None:
+        # A CSV file's header is read only with its data: reading a block of
+        # every file up front would cost as much as a pass over small files.
+        pass
+
+    def same_columns(self, schema: pa.Schema) -> bool:
+        """Whether a file of this `schema` has the first file's columns.
+
+        Types are not compared: every file is converted with the first
+        file's types (declared or inferred), so a value that does not fit
+        fails when read, naming its file, column and row.
+
+        Args:
+            schema: the file's schema, with the types pyarrow infers.
+
+        Returns:
+            True when the column names are the first file's, in order.
+        """
+        return schema.names == self.file_schema.names
+
+    def _untyped(self, unit: int) -> ds.Fragment:
+        return self._header_format.make_fragment(self.files[unit],
+                                                 self._filesystem)
+
+    def unit_rows(self) -> list[int]:
+        """Rows per file, counted by parsing them (once, when first needed).
+
+        Returns:
+            One count per file, in storage order.
+        """
+        # Counted without converting values: a bad value is reported when
+        # read, with its column and row.
+        if self._unit_rows is None:
+            self._unit_rows = [count_rows(self._untyped(unit))
+                               for unit in range(len(self.files))]
+        return self._unit_rows
+
+    def read_unit(self, unit: int, start: int, stop: int,
+                  columns: list[str] | None) -> Iterator[pa.Table]:
+        """Rows [start, stop) of a file, list columns split.
+
+        Args:
+            unit: the file's index in storage order.
+            start: the file's first row wanted.
+            stop: one past its last row wanted.
+            columns: the columns to read; all when None.
+
+        Returns:
+            An iterator of tables.
+
+        Raises:
+            ValueError: for a header that differs from the first file's or a
+                value that does not fit its column (naming the file).
+        """
+        if unit not in self._checked:
+            self.check_file(self._untyped(unit))
+            self._checked.add(unit)
+        for table in super().read_unit(unit, start, stop, columns):
+            yield self._split_lists(table, self.files[unit])
+
+    def _split_lists(self, table: pa.Table, path: str) -> pa.Table:
+        for name, list_type in self._lists.items():
+            if name not in table.column_names:
+                continue
+            parts = pc.split_pattern(table[name], self._list_delimiter)
+            try:
+                lists = parts.cast(list_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise ValueError(f"{path}, column {name!r} (a list of "
+                                 f"{list_type.value_type}): {error}") from error
+            table = table.set_column(table.column_names.index(name),
+                                     pa.field(name, list_type), lists)
+        return table
+
+
+def from_csv(path_or_glob: str | os.PathLike, *,
+             column_types: Mapping[str, pa.DataType] | None = None,
+             column_names: Sequence[str] | None = None, delimiter: str = ",",
+             list_delimiter: str = "|", null_values: Sequence[str] = ("",),
+             partitioning: str | ds.Partitioning | None = "hive",
+             filesystem: pafs.FileSystem | None = None,
+             label: str = LABEL) -> Dataset:
+    """Opens delimited text files (CSV, TSV) as a `Dataset`.
+
+    Files are decoded by `pyarrow.csv`, streamed block by block, and may be
+    compressed (`.gz`, `.bz2`). Columns get the types of `column_types`;
+    the others are inferred from the first block of the first file, and
+    every file is read with those types, so declare a column whose first
+    values mislead the inference (ids that look numeric, floats first
+    written as integers). A column declared as a list, e.g.
+    `pa.list_(pa.string())`, holds `list_delimiter`-separated values
+    (MovieLens genres: `Comedy|Drama`). Paths, URIs and hive partitions work
+    as in `from_parquet`. The unit of shuffling and sharding is a whole
+    file; row counts (needed by `num_rows`, sharding and shuffling) take one
+    extra pass over the text.
+
+    Args:
+        path_or_glob: a file, a directory (every `.csv` or `.tsv` file
+            below it, plain or compressed), or a glob; a local path or a
+            pyarrow filesystem URI.
+        column_types: a type for some columns, e.g.
+            `{"user": pa.int64(), "genres": pa.list_(pa.string())}`.
+        column_names: the column names when the files have no header line
+            (the first line is then data); None when they have one.
+        delimiter: the field separator, e.g. "\\t" for TSV.
+        list_delimiter: the separator of the values of list columns.
+        null_values: the field texts that mean a missing value, for every
+            column (strings too); a missing list is a null list.
+        partitioning: "hive" to read `key=value` directories as columns, a
+            `pyarrow.dataset.partitioning(...)`, or None.
+        filesystem: a `pyarrow.fs.FileSystem` that `path_or_glob` is in;
+            None for a local path or a URI.
+        label: the name of the label column (`Dataset.label` is None when
+            the files have no such column).
+
+    Returns:
+        A `Dataset` over the matching files, in sorted path order.
+
+    Raises:
+        FileNotFoundError: when nothing matches.
+        ValueError: when `column_types` names a column the files lack; while
+            reading, for a file whose header differs from the first file's
+            or a value that does not fit its column's type (naming the file,
+            and the column and row where pyarrow tells them).
+
+    Example:
+
+    ```python
+    movies = rk.datasets.from_csv(
+        "ml-latest-small/movies.csv",
+        column_types={"movieId": pa.int64(), "genres": pa.list_(pa.string())},
+        label="movieId")
+    next(movies.batches(2))["genres"]   # [["Adventure", "Animation", ...], ...]
+    ```
+    """
+    located = locate(path_or_glob, filesystem, _SUFFIXES, "CSV")
+    source = _CsvSource(
+        located, partitioning,
+        pcsv.ReadOptions(column_names=None if column_names is None
+                         else list(column_names)),
+        pcsv.ParseOptions(delimiter=delimiter), dict(column_types or {}),
+        null_values, list_delimiter)
+    return Dataset(source, os.fspath(path_or_glob), {"format": "csv"}, label)
