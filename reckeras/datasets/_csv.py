@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
 from reckeras.datasets._files import Located, locate
-from reckeras.datasets._fragments import FragmentSource, count_rows
+from reckeras.datasets._fragments import FragmentSource, Partitioning, count_rows
 
 # What a directory's files may be called; pyarrow decompresses by extension.
 _SUFFIXES = tuple(f"{kind}{compression}" for kind in (".csv", ".tsv")
@@ -28,7 +28,7 @@ class _CsvSource(FragmentSource):
     """The source of a CSV `Dataset`: files as units, list columns split."""
 
     def __init__(self, located: Located,
-                 partitioning: str | ds.Partitioning | None,
+                 partitioning: Partitioning,
                  read_options: pcsv.ReadOptions,
                  parse_options: pcsv.ParseOptions,
                  column_types: Mapping[str, pa.DataType],
@@ -138,7 +138,7 @@ def from_csv(path_or_glob: str | os.PathLike, *,
              column_types: Mapping[str, pa.DataType] | None = None,
              column_names: Sequence[str] | None = None, delimiter: str = ",",
              list_delimiter: str = "|", null_values: Sequence[str] = ("",),
-             partitioning: str | ds.Partitioning | None = "hive",
+             partitioning: Partitioning = "hive",
              filesystem: pafs.FileSystem | None = None,
              label: str = LABEL) -> Dataset:
     """Opens delimited text files (CSV, TSV) as a `Dataset`.

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from reckeras.datasets._dataset import rows_of
 from reckeras.datasets._files import Located
+
+# What the readers' `partitioning` takes, passed on to pyarrow.dataset.
+Partitioning = str | ds.Partitioning | ds.PartitioningFactory | None
 
 # Batches decoded ahead of the reader within one unit: enough to overlap
 # decoding with the consumer, few enough that a large ORC or CSV file does
@@ -25,25 +26,9 @@ from reckeras.datasets._files import Located
 _BATCH_READAHEAD = 2
 
 
-def file_error(path: str, error: Exception) -> ValueError:
-    """A `ValueError` for a file pyarrow could not read, naming the file.
-
-    Args:
-        path: the file.
-        error: pyarrow's error (its message often names the column and row).
-
-    Returns:
-        The error to raise, with the path first unless pyarrow's message
-        already holds it.
-
-    Example:
-
-    ```python
-    from reckeras.datasets._fragments import file_error
-
-    raise file_error("logs/part-0.parquet", error) from error
-    ```
-    """
+def _file_error(path: str, error: Exception) -> ValueError:
+    """A `ValueError` naming the file pyarrow could not read (its message
+    often names the column and row too)."""
     message = str(error)
     return ValueError(message if path in message else f"{path}: {message}")
 
@@ -59,7 +44,7 @@ class FragmentSource:
         located: the files.
         file_format: how to decode them, a `pyarrow.dataset.FileFormat`.
         partitioning: what `pyarrow.dataset.dataset` takes: "hive", a
-            `pyarrow.dataset.Partitioning`, or None.
+            `pyarrow.dataset.partitioning(...)`, or None.
         what: the format's name, for messages.
 
     Example:
@@ -74,7 +59,7 @@ class FragmentSource:
     """
 
     def __init__(self, located: Located, file_format: ds.FileFormat,
-                 partitioning: Any, what: str):
+                 partitioning: Partitioning, what: str):
         self.what = what
         try:
             dataset = ds.dataset(
@@ -174,7 +159,7 @@ class FragmentSource:
                 schema=self.read_schema, columns=columns,
                 batch_readahead=_BATCH_READAHEAD), start, stop)
         except pa.ArrowInvalid as error:
-            raise file_error(fragment.path, _with_column_name(
+            raise _file_error(fragment.path, _with_column_name(
                 error, self.file_schema.names)) from error
 
 
@@ -182,14 +167,14 @@ def _physical_schema(fragment: ds.Fragment) -> pa.Schema:
     try:
         return fragment.physical_schema.remove_metadata()
     except pa.ArrowInvalid as error:
-        raise file_error(fragment.path, error) from error
+        raise _file_error(fragment.path, error) from error
 
 
 def _row_groups(fragment: ds.Fragment) -> list[ds.Fragment]:
     try:
         return fragment.split_by_row_group()
     except pa.ArrowInvalid as error:
-        raise file_error(fragment.path, error) from error
+        raise _file_error(fragment.path, error) from error
 
 
 def count_rows(fragment: ds.Fragment) -> int:
@@ -216,7 +201,7 @@ def count_rows(fragment: ds.Fragment) -> int:
     try:
         return fragment.count_rows()
     except pa.ArrowInvalid as error:
-        raise file_error(fragment.path, error) from error
+        raise _file_error(fragment.path, error) from error
 
 
 def _with_column_name(error: pa.ArrowInvalid, names: list[str]) -> Exception:

@@ -9,11 +9,11 @@ import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
 from reckeras.datasets._files import locate
-from reckeras.datasets._fragments import FragmentSource
+from reckeras.datasets._fragments import FragmentSource, Partitioning
 
 
 def from_orc(path_or_glob: str | os.PathLike, *,
-             partitioning: str | ds.Partitioning | None = "hive",
+             partitioning: Partitioning = "hive",
              filesystem: pafs.FileSystem | None = None,
              label: str = LABEL) -> Dataset:
     """Opens ORC files as a `Dataset`, as `from_parquet` opens parquet.

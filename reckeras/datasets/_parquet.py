@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
 from reckeras.datasets._files import Located, locate
-from reckeras.datasets._fragments import FragmentSource
+from reckeras.datasets._fragments import FragmentSource, Partitioning
 
 # Key of the JSON description that `generate` writes into the file footer.
 METADATA_KEY = b"reckeras.dataset"
@@ -56,7 +56,7 @@ def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
 
 
 def from_parquet(path_or_glob: str | os.PathLike, *,
-                 partitioning: str | ds.Partitioning | None = "hive",
+                 partitioning: Partitioning = "hive",
                  filesystem: pafs.FileSystem | None = None,
                  label: str = LABEL) -> Dataset:
     """Opens parquet files as a `Dataset`.
