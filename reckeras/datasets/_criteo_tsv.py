@@ -20,7 +20,7 @@ import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset, rows_of
-from reckeras.datasets._files import Located, locate
+from reckeras.datasets._files import Located, file_error, locate
 
 NUMERIC_COLUMNS = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_COLUMNS = [f"C{i}" for i in range(1, 27)]
@@ -105,10 +105,13 @@ class _CriteoTsvSource:
 
     def _count_lines(self, path: str) -> int:
         lines, last = 0, b"\n"
-        with self._filesystem.open_input_stream(path) as stream:
-            while chunk := stream.read(_BLOCK_BYTES):
-                lines += chunk.count(b"\n")
-                last = chunk[-1:]
+        try:
+            with self._filesystem.open_input_stream(path) as stream:
+                while chunk := stream.read(_BLOCK_BYTES):
+                    lines += chunk.count(b"\n")
+                    last = chunk[-1:]
+        except OSError as error:
+            raise file_error(path, error) from error
         return lines + (last != b"\n")
 
     def read_unit(self, unit: int, start: int, stop: int,
@@ -116,10 +119,12 @@ class _CriteoTsvSource:
         path = self.files[unit]
         try:
             yield from self._read_rows(path, start, stop, columns)
+        except OSError as error:
+            raise file_error(path, error) from error
         except pa.ArrowInvalid as error:
             bad = _first_bad_line(self._filesystem, path)
             if bad is None:
-                raise ValueError(f"{path}: {error}") from error
+                raise file_error(path, error) from error
             line, fields = bad
             raise ValueError(
                 f"{path}, line {line}: expected {len(COLUMNS)} tab-separated "

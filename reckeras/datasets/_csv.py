@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -51,6 +52,7 @@ class _CsvSource(FragmentSource):
             raise ValueError(
                 f"column_types names columns {unknown} that {self.files[0]} "
                 f"does not have; its columns are {self.file_schema.names}")
+        self._declared = set(column_types)
         self._lists = {name: type_ for name, type_ in column_types.items()
                        if _is_list(type_)}
         self._list_delimiter = list_delimiter
@@ -118,6 +120,30 @@ class _CsvSource(FragmentSource):
             self._checked.add(unit)
         for table in super().read_unit(unit, start, stop, columns):
             yield self._split_lists(table, self.files[unit])
+
+    def explain(self, error: Exception) -> Exception:
+        """Names the column of a conversion error, and where its type came from.
+
+        Args:
+            error: pyarrow's error, e.g. "In CSV column #3: Row #7: CSV
+                conversion error to int64: invalid value 'x'".
+
+        Returns:
+            The error with the column's name after its number and, for a
+            column whose type was inferred, a hint to declare it.
+        """
+        match = re.search(r"CSV column #(\d+)", str(error))
+        names = self.file_schema.names
+        if match is None or int(match.group(1)) >= len(names):
+            return error
+        name = names[int(match.group(1))]
+        message = str(error).replace(match.group(0),
+                                     f"{match.group(0)} ({name!r})")
+        if name not in self._declared:
+            message += (f"; the type of {name!r} was inferred from the first "
+                        f"block of {self.files[0]}: declare it in "
+                        f"column_types")
+        return type(error)(message)
 
     def _split_lists(self, table: pa.Table, path: str) -> pa.Table:
         for name, list_type in self._lists.items():

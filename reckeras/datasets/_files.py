@@ -50,6 +50,36 @@ class Located:
     base_dir: str
 
 
+def file_error(path: str, error: Exception) -> Exception:
+    """The error to raise for a file pyarrow could not read, naming the file.
+
+    Args:
+        path: the file.
+        error: pyarrow's error: an `OSError` (I/O, truncated compressed
+            stream, bad ORC footer) or an `ArrowInvalid` (bad data; its
+            message often names the column and row).
+
+    Returns:
+        An error of the same kind (`ValueError` for bad data, the same
+        `OSError` subclass for I/O) whose message starts with the path,
+        unless pyarrow's message already holds it.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._files import file_error
+
+    try:
+        fragment.count_rows()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise file_error(fragment.path, error) from error
+    ```
+    """
+    message = str(error) if path in str(error) else f"{path}: {error}"
+    return type(error)(message) if isinstance(error, OSError) else \
+        ValueError(message)
+
+
 def _has_wildcard(text: str) -> bool:
     return any(char in _WILDCARDS for char in text)
 

@@ -9,13 +9,12 @@ those are read from the file's start up to the rows wanted.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from reckeras.datasets._dataset import rows_of
-from reckeras.datasets._files import Located
+from reckeras.datasets._files import Located, file_error
 
 # What the readers' `partitioning` takes, passed on to pyarrow.dataset.
 Partitioning = str | ds.Partitioning | ds.PartitioningFactory | None
@@ -24,13 +23,6 @@ Partitioning = str | ds.Partitioning | ds.PartitioningFactory | None
 # decoding with the consumer, few enough that a large ORC or CSV file does
 # not sit in memory (pyarrow's default is 16).
 _BATCH_READAHEAD = 2
-
-
-def _file_error(path: str, error: Exception) -> ValueError:
-    """A `ValueError` naming the file pyarrow could not read (its message
-    often names the column and row too)."""
-    message = str(error)
-    return ValueError(message if path in message else f"{path}: {message}")
 
 
 class FragmentSource:
@@ -158,23 +150,34 @@ class FragmentSource:
             yield from rows_of(fragment.to_batches(
                 schema=self.read_schema, columns=columns,
                 batch_readahead=_BATCH_READAHEAD), start, stop)
-        except pa.ArrowInvalid as error:
-            raise _file_error(fragment.path, _with_column_name(
-                error, self.file_schema.names)) from error
+        except (pa.ArrowInvalid, OSError) as error:
+            raise file_error(fragment.path, self.explain(error)) from error
+
+    def explain(self, error: Exception) -> Exception:
+        """pyarrow's error while reading, made clearer for this format.
+
+        Args:
+            error: the error.
+
+        Returns:
+            The error to report (this one, unchanged; `from_csv`'s source
+            names the column pyarrow numbers).
+        """
+        return error
 
 
 def _physical_schema(fragment: ds.Fragment) -> pa.Schema:
     try:
         return fragment.physical_schema.remove_metadata()
-    except pa.ArrowInvalid as error:
-        raise _file_error(fragment.path, error) from error
+    except (pa.ArrowInvalid, OSError) as error:
+        raise file_error(fragment.path, error) from error
 
 
 def _row_groups(fragment: ds.Fragment) -> list[ds.Fragment]:
     try:
         return fragment.split_by_row_group()
-    except pa.ArrowInvalid as error:
-        raise _file_error(fragment.path, error) from error
+    except (pa.ArrowInvalid, OSError) as error:
+        raise file_error(fragment.path, error) from error
 
 
 def count_rows(fragment: ds.Fragment) -> int:
@@ -200,14 +203,5 @@ def count_rows(fragment: ds.Fragment) -> int:
     """
     try:
         return fragment.count_rows()
-    except pa.ArrowInvalid as error:
-        raise _file_error(fragment.path, error) from error
-
-
-def _with_column_name(error: pa.ArrowInvalid, names: list[str]) -> Exception:
-    # pyarrow's CSV errors number the column ("In CSV column #3: Row #7: ...").
-    match = re.search(r"CSV column #(\d+)", str(error))
-    if match is None or int(match.group(1)) >= len(names):
-        return error
-    return pa.ArrowInvalid(str(error).replace(
-        match.group(0), f"{match.group(0)} ({names[int(match.group(1))]!r})"))
+    except (pa.ArrowInvalid, OSError) as error:
+        raise file_error(fragment.path, error) from error

@@ -146,6 +146,22 @@ class TestFromCsv:
                                              r"not-an-id"):
             data.to_table()
 
+    def test_inferred_type_that_later_files_break_says_so(self, tmp_path):
+        (tmp_path / "a.csv").write_text("label,score\n1,\n")   # score: null
+        (tmp_path / "b.csv").write_text("label,score\n1,0.5\n")
+        with pytest.raises(ValueError, match=r"b\.csv.*'score'.*inferred from "
+                                             r"the first block of .*a\.csv"):
+            rkd.from_csv(tmp_path).to_table()
+        data = rkd.from_csv(tmp_path, column_types={"score": pa.float64()})
+        assert data.to_table()["score"].to_pylist() == [None, 0.5]
+
+    def test_truncated_gzip_names_the_file(self, tmp_path):
+        text = "label,v\n" + "".join(f"{i % 2},{i}\n" for i in range(300_000))
+        packed = gzip.compress(text.encode())
+        (tmp_path / "cut.csv.gz").write_bytes(packed[:len(packed) * 3 // 4])
+        with pytest.raises(OSError, match=r"cut\.csv\.gz"):
+            rkd.from_csv(tmp_path / "cut.csv.gz").to_table()
+
     def test_list_value_of_the_wrong_type_names_file_and_column(self, tmp_path):
         (tmp_path / "a.csv").write_text("label,ids\n1,1|2\n0,3|x\n")
         data = rkd.from_csv(tmp_path / "a.csv",

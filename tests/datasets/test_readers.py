@@ -114,6 +114,14 @@ class TestCriteoTsv:
         with pytest.raises(ValueError, match=r"bad\.txt, line 3: .*got 3"):
             rkd.criteo_tsv(path).to_table()
 
+    def test_truncated_gzip_names_the_file(self, tmp_path):
+        packed = gzip.compress("".join(ROWS * 200).encode())
+        (tmp_path / "day_9.gz").write_bytes(packed[:len(packed) // 2])
+        with pytest.raises(OSError, match=r"day_9\.gz"):
+            rkd.criteo_tsv(tmp_path / "day_9.gz").num_rows
+        with pytest.raises(OSError, match=r"day_9\.gz"):
+            list(rkd.criteo_tsv(tmp_path / "day_9.gz").batches(10))
+
     def test_no_match(self, tmp_path):
         with pytest.raises(FileNotFoundError, match="day_"):
             rkd.criteo_tsv(str(tmp_path / "day_*"))
