@@ -10,6 +10,7 @@ those are read from the file's start up to the rows wanted.
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import pyarrow as pa
 import pyarrow.dataset as ds
 
@@ -143,7 +144,8 @@ class FragmentSource:
             An iterator of tables.
 
         Raises:
-            ValueError: when pyarrow cannot decode the file (naming it).
+            ValueError: when pyarrow cannot decode the file, or OSError when
+                it cannot read it (naming the file).
         """
         fragment = self._units[unit]
         try:
@@ -191,7 +193,8 @@ def count_rows(fragment: ds.Fragment) -> int:
         parsing the text).
 
     Raises:
-        ValueError: naming the file.
+        ValueError: for bad data, or OSError for an I/O failure (naming the
+            file).
 
     Example:
 

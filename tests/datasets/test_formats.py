@@ -177,7 +177,8 @@ class TestFromCsv:
             data.to_table()
 
 
-def movie_table(rows, seed):
+def mixed_table(rows, seed):
+    """A table of numeric, id and list<int64> columns."""
     rng = np.random.default_rng(seed)
     return pa.table({
         "label": rng.integers(0, 2, rows),
@@ -193,7 +194,7 @@ class TestFromOrc:
     def test_equals_the_same_data_as_parquet(self, tmp_path):
         (tmp_path / "orc").mkdir()
         (tmp_path / "parquet").mkdir()
-        tables = [movie_table(rows, seed) for seed, rows in enumerate((50, 1, 23))]
+        tables = [mixed_table(rows, seed) for seed, rows in enumerate((50, 1, 23))]
         for part, table in enumerate(tables):
             orc.write_table(table, tmp_path / "orc" / f"part-{part}.orc")
             pq.write_table(table, tmp_path / "parquet" / f"part-{part}.parquet",
@@ -217,7 +218,7 @@ class TestFromOrc:
         assert shard["x"].to_pylist() == list(range(100_000, 200_000))
 
     def test_truncated_file_names_it(self, tmp_path):
-        orc.write_table(movie_table(20, 0), tmp_path / "good.orc")
+        orc.write_table(mixed_table(20, 0), tmp_path / "good.orc")
         data = (tmp_path / "good.orc").read_bytes()
         (tmp_path / "cut.orc").write_bytes(data[:len(data) // 2])
         # pyarrow raises an OSError for a bad ORC footer, as it does for
@@ -228,15 +229,15 @@ class TestFromOrc:
             rkd.from_orc(str(tmp_path / "*.orc"))
 
     def test_schema_mismatch_names_the_file(self, tmp_path):
-        orc.write_table(movie_table(5, 0), tmp_path / "a.orc")
-        orc.write_table(movie_table(5, 1).drop_columns(["x"]), tmp_path / "b.orc")
+        orc.write_table(mixed_table(5, 0), tmp_path / "a.orc")
+        orc.write_table(mixed_table(5, 1).drop_columns(["x"]), tmp_path / "b.orc")
         with pytest.raises(ValueError, match=r"ORC file .*b\.orc has schema"):
             rkd.from_orc(tmp_path)
 
 
 class TestParquetFiles:
     def test_truncated_file_names_it(self, tmp_path):
-        pq.write_table(movie_table(20, 0), tmp_path / "a.parquet")
+        pq.write_table(mixed_table(20, 0), tmp_path / "a.parquet")
         data = (tmp_path / "a.parquet").read_bytes()
         (tmp_path / "b.parquet").write_bytes(data[:-20])
         with pytest.raises(ValueError, match=r"b\.parquet"):
@@ -245,7 +246,7 @@ class TestParquetFiles:
             rkd.from_parquet(tmp_path / "b.parquet")
 
     def test_hidden_and_underscore_files_are_skipped(self, tmp_path):
-        pq.write_table(movie_table(4, 0), tmp_path / "part-0.parquet")
+        pq.write_table(mixed_table(4, 0), tmp_path / "part-0.parquet")
         (tmp_path / "_SUCCESS").write_text("")
         (tmp_path / "_tmp").mkdir()
         (tmp_path / "_tmp" / "x.parquet").write_bytes(b"partial")
@@ -255,7 +256,7 @@ class TestParquetFiles:
     def test_recursive_glob(self, tmp_path):
         for sub in ("a", "a/b", "c"):
             (tmp_path / sub).mkdir(parents=True, exist_ok=True)
-            pq.write_table(movie_table(2, 0), tmp_path / sub / "p.parquet")
+            pq.write_table(mixed_table(2, 0), tmp_path / sub / "p.parquet")
         found = rkd.from_parquet(str(tmp_path / "a" / "**" / "*.parquet")).files
         assert found == [str(tmp_path / "a" / "b" / "p.parquet"),
                          str(tmp_path / "a" / "p.parquet")]
@@ -345,10 +346,6 @@ class TestHivePartitions:
 
 
 ROWS = 103
-CRITEO_COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + \
-    [f"C{i}" for i in range(1, 27)]
-
-
 def criteo_line(row):
     # I1 carries the row id; the rest is filler of the right shape.
     return "\t".join([str(row % 2), str(row)] + ["1"] * 12
@@ -462,7 +459,7 @@ class TestFilesystems:
         if mock is None:
             pytest.skip("this pyarrow ships no in-memory filesystem")
         filesystem = mock()
-        table = movie_table(30, seed=4)
+        table = mixed_table(30, seed=4)
         for day in DAYS[:2]:
             filesystem.create_dir(f"logs/dt={day}")
             with filesystem.open_output_stream(f"logs/dt={day}/p.parquet") as out:
