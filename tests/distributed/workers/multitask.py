@@ -28,8 +28,11 @@ inputs = columns.inputs()
 dense, sparse = columns(inputs)
 shared = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()(
     [dense, rk.layers.ShardedEmbedding(columns, output="concat")(sparse)]))
-model = rk.Model(inputs, {"click": keras.layers.Dense(1, activation="sigmoid")(shared),
-                          "conv": keras.layers.Dense(1, activation="sigmoid")(shared)})
+# Output layers named after their keys: Keras 3.10 matches a metrics dict
+# by output layer names, later releases by the dict's keys.
+model = rk.Model(inputs, {
+    "click": keras.layers.Dense(1, activation="sigmoid", name="click")(shared),
+    "conv": keras.layers.Dense(1, activation="sigmoid", name="conv")(shared)})
 model.compile(optimizer=keras.optimizers.Adam(0.01),
               loss={"click": "binary_crossentropy", "conv": "binary_crossentropy"},
               metrics={"click": [rk.metrics.AUC()],
