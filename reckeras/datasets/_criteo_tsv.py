@@ -20,7 +20,8 @@ import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset, rows_of
-from reckeras.datasets._files import Located, file_error, locate
+from reckeras.datasets._files import (BadFiles, Located, file_error,
+                                      lines_before_break, locate)
 
 NUMERIC_COLUMNS = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_COLUMNS = [f"C{i}" for i in range(1, 27)]
@@ -70,6 +71,16 @@ def _counts(text: pa.ChunkedArray) -> pa.ChunkedArray:
     return numbers.cast(pa.int64())
 
 
+class _BadCountError(ValueError):
+    """A count that is not a whole number, named by file, line and column."""
+
+
+def _field_count_error(path: str, line: int, fields: int) -> ValueError:
+    return ValueError(
+        f"{path}, line {line}: expected {len(COLUMNS)} tab-separated "
+        f"fields (label, I1..I13, C1..C26), got {fields}")
+
+
 def _first_bad_line(filesystem: pafs.FileSystem,
                     path: str) -> tuple[int, int] | None:
     """`(line number, field count)` of the first line without 40 fields, if any."""
@@ -90,29 +101,49 @@ def _first_bad_line(filesystem: pafs.FileSystem,
 class _CriteoTsvSource:
     """The source of a Criteo TSV `Dataset`: its units are the files."""
 
-    def __init__(self, located: Located):
+    def __init__(self, located: Located, bad_files: BadFiles):
         self._filesystem = located.filesystem
         self.files = located.paths
         self.schema = SCHEMA
+        self.bad_files = bad_files
         self._unit_rows = None
 
     def unit_rows(self) -> list[int]:
         # Counting lines needs a pass over the files, so it waits until a
-        # caller needs row counts (plain unsharded, unshuffled reads do not).
+        # caller needs row counts (before any shard is cut). The same pass
+        # finds a truncated .gz and most lines without 40 fields: under
+        # "skip" such files are dropped here, alike on every rank.
         if self._unit_rows is None:
-            self._unit_rows = [self._count_lines(path) for path in self.files]
+            counts = {}
+            for path in self.files:
+                try:
+                    counts[path] = self._count_lines(path)
+                except (OSError, ValueError) as error:
+                    self.bad_files.reject(path, error, "open", error.__cause__)
+            self.files = [path for path in self.files if path in counts]
+            self._unit_rows = [counts[path] for path in self.files]
         return self._unit_rows
 
     def _count_lines(self, path: str) -> int:
-        lines, last = 0, b"\n"
+        lines, tabs, last = 0, 0, b"\n"
         try:
             with self._filesystem.open_input_stream(path) as stream:
                 while chunk := stream.read(_BLOCK_BYTES):
                     lines += chunk.count(b"\n")
+                    tabs += chunk.count(b"\t")
                     last = chunk[-1:]
         except OSError as error:
-            raise file_error(path, error) from error
-        return lines + (last != b"\n")
+            lines = lines_before_break(self._filesystem, path)
+            raise file_error(path, error, None if lines is None
+                             else f"after line {lines}") from error
+        lines += last != b"\n"
+        # Every line holds 39 tabs: another total means a line that does not
+        # (lines that err both ways and balance are found when read).
+        if tabs != lines * (len(COLUMNS) - 1):
+            bad = _first_bad_line(self._filesystem, path)
+            if bad is not None:
+                raise _field_count_error(path, *bad)
+        return lines
 
     def read_unit(self, unit: int, start: int, stop: int,
                   columns: list[str] | None) -> Iterator[pa.Table]:
@@ -120,15 +151,14 @@ class _CriteoTsvSource:
         try:
             yield from self._read_rows(path, start, stop, columns)
         except OSError as error:
-            raise file_error(path, error) from error
-        except pa.ArrowInvalid as error:
+            self.bad_files.reject(path, file_error(path, error), "read", error)
+        except _BadCountError as error:
+            self.bad_files.reject(path, error, "read", None)
+        except pa.ArrowException as error:
             bad = _first_bad_line(self._filesystem, path)
-            if bad is None:
-                raise file_error(path, error) from error
-            line, fields = bad
-            raise ValueError(
-                f"{path}, line {line}: expected {len(COLUMNS)} tab-separated "
-                f"fields (label, I1..I13, C1..C26), got {fields}") from error
+            self.bad_files.reject(path, file_error(path, error) if bad is None
+                                  else _field_count_error(path, *bad), "read",
+                                  error)
 
     def _read_rows(self, path: str, start: int, stop: int,
                    columns: list[str] | None) -> Iterator[pa.Table]:
@@ -150,7 +180,7 @@ class _CriteoTsvSource:
                 try:
                     counts = _counts(table[name])
                 except _BadCount as bad:
-                    raise ValueError(
+                    raise _BadCountError(
                         f"{path}, line {first_row + bad.row + 1}, column "
                         f"{name}: count {bad.value!r} is not an integer") from None
                 table = table.set_column(table.column_names.index(name),
@@ -160,7 +190,8 @@ class _CriteoTsvSource:
 
 
 def criteo_tsv(path_or_glob: str | os.PathLike, *,
-               filesystem: pafs.FileSystem | None = None) -> Dataset:
+               filesystem: pafs.FileSystem | None = None,
+               on_bad_file: str = "raise") -> Dataset:
     """Opens Criteo click logs in their original tab-separated format.
 
     Lines hold the label, I1..I13 and C1..C26. Batches carry `label` and
@@ -168,7 +199,10 @@ def criteo_tsv(path_or_glob: str | os.PathLike, *,
     features package); empty fields become nulls. Counts may be written as
     integers (`260`) or whole decimals (`260.0`). Files are streamed block
     by block, so multi-GB day files never load whole; row counts (needed by
-    `num_rows`, sharding and shuffling) take one extra pass over the bytes.
+    `num_rows`, sharding and shuffling) take one extra pass over the bytes,
+    on first need. That pass also finds a truncated `.gz` and a line without
+    40 fields (unless lines with too many and too few balance out: those are
+    found when read), before any shard is cut.
 
     Args:
         path_or_glob: a file (plain or `.gz`), a directory (every file
@@ -176,14 +210,22 @@ def criteo_tsv(path_or_glob: str | os.PathLike, *,
             pyarrow filesystem URI.
         filesystem: a `pyarrow.fs.FileSystem` that `path_or_glob` is in;
             None for a local path or a URI.
+        on_bad_file: "raise" to raise the error naming a bad file; "skip" to
+            log a warning and go on without it: a file found bad by the
+            line count pass is left out of `Dataset.files` (on every rank
+            alike), one that fails while read loses the rest of the file.
+            `Dataset.skipped_files` lists them.
 
     Returns:
         A `Dataset` with one unit per file, in sorted path order.
 
     Raises:
         FileNotFoundError: when nothing matches.
-        ValueError: while reading, for a line without 40 fields or a count
-            that is not a whole number (naming the file and line).
+        ValueError: for `on_bad_file` other than "raise" or "skip"; under
+            "raise", for a line without 40 fields or a count that is not a
+            whole number (naming the file and line).
+        OSError: under "raise", for a file that cannot be read, e.g. a
+            truncated `.gz` (naming the file and the line it breaks after).
 
     Example:
 
@@ -192,8 +234,9 @@ def criteo_tsv(path_or_glob: str | os.PathLike, *,
     batch = next(days.batches(4096, columns=["label", "C1"]))
     ```
     """
+    bad_files = BadFiles(on_bad_file)
     located = locate(path_or_glob, filesystem, ("",), "Criteo TSV")
-    return Dataset(_CriteoTsvSource(located), os.fspath(path_or_glob), {
+    return Dataset(_CriteoTsvSource(located, bad_files), os.fspath(path_or_glob), {
         "description": "Criteo click logs (tab-separated: label, I1..I13, "
                        "C1..C26)",
         "format": "criteo_tsv"})

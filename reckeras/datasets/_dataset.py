@@ -7,9 +7,11 @@ sharding cuts the unit sequence into balanced row ranges; only a unit that
 straddles a cut is read (partly) by two shards.
 
 A source has `files` (list of paths), `schema` (pyarrow.Schema),
-`unit_rows()` (rows per unit, in storage order) and
-`read_unit(unit, start, stop, columns)` (an iterator of tables holding rows
-[start, stop) of that unit).
+`unit_rows()` (rows per unit, in storage order; the first call may drop
+files found bad), `read_unit(unit, start, stop, columns)` (an iterator of
+tables holding rows [start, stop) of that unit, or fewer when the unit fails
+while read and is skipped) and `bad_files` (its `_files.BadFiles`: the
+`on_bad_file` policy and the files skipped).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from reckeras.datasets._files import SkippedFile
 from reckeras.datasets._stats import roc_auc
 
 # Rows mixed by one in-memory permutation when shuffling: large enough to
@@ -35,8 +38,9 @@ class Dataset:
     """Labelled rows in files, streamed as fixed-size pyarrow record batches.
 
     Make one with `load`, `generate`, `from_parquet`, `from_orc`, `from_csv`
-    or `criteo_tsv` rather than directly. Iterating is cheap to restart: every `batches` call opens
-    the files afresh, so one `Dataset` serves every epoch and every reader.
+    or `criteo_tsv` rather than directly. Iterating is cheap to restart:
+    every `batches` call opens the files afresh, so one `Dataset` serves
+    every epoch and every reader.
 
     Args:
         source: the reader of the underlying files (see the module docstring).
@@ -62,13 +66,33 @@ class Dataset:
         self.label = label if label in source.schema.names else None
 
     def __repr__(self) -> str:
-        return (f"Dataset({self.name!r}, files={len(self.files)}, "
+        # The source's list as it stands: a repr must not count text rows.
+        return (f"Dataset({self.name!r}, files={len(self._source.files)}, "
                 f"columns={len(self.schema)})")
 
     @property
     def files(self) -> list[str]:
-        """The paths read, in storage order."""
+        """The paths read, in storage order, without those skipped when opened.
+
+        For CSV and Criteo TSV data this counts the rows first (one pass over
+        the text, done once), since that pass finds bad files.
+        """
+        self._source.unit_rows()
         return list(self._source.files)
+
+    @property
+    def skipped_files(self) -> list[SkippedFile]:
+        """The files a reader with `on_bad_file="skip"` skipped, and why.
+
+        Each is a `SkippedFile` with `path`, `reason` (the error, naming the
+        file and the row group, stripe or line where known) and `when`:
+        "open" (left out of `files` before sharding) or "read" (failed while
+        read, in any pass so far; listed once per file and reason). Always
+        empty under `on_bad_file="raise"`. Like `files`, it counts the rows
+        of text files first.
+        """
+        self._source.unit_rows()
+        return list(self._source.bad_files.skipped)
 
     @property
     def schema(self) -> pa.Schema:
@@ -128,6 +152,12 @@ class Dataset:
         same `seed` all shards agree on the unit order, so they stay disjoint
         when shuffled; change `seed` every epoch for a fresh order.
 
+        A shard that loses rows to a file skipped while read
+        (`on_bad_file="skip"`) makes them up with the rows after its range
+        (wrapping around to the first shard's, never its own), so that it
+        still yields `num_batches` batches and ranks stay in step; those
+        rows are read twice in the pass.
+
         Args:
             batch_size: rows per batch; only the last batch may be smaller.
             shuffle: whether to permute the order of row groups (and files),
@@ -167,18 +197,43 @@ class Dataset:
                     f"{self.name}: unknown columns {unknown}; the columns are "
                     f"{self.schema.names}")
         start, stop = self._shard_range(shard_index, num_shards)
-        pieces = self._read_range(start, stop, shuffle, seed, columns)
+        pieces = self._read_shard(start, stop, self._unit_order(shuffle, seed),
+                                  columns)
         if shuffle:
             window_rng = np.random.default_rng([seed, shard_index])
             pieces = _window_shuffle(pieces, window_rng)
         return _rebatch(pieces, batch_size, drop_remainder)
 
-    def _read_range(self, start: int, stop: int, shuffle: bool, seed: int,
+    def _unit_order(self, shuffle: bool, seed: int) -> np.ndarray:
+        units = len(self._source.unit_rows())
+        if shuffle:
+            return np.random.default_rng(seed).permutation(units)
+        return np.arange(units)
+
+    def _read_shard(self, start: int, stop: int, order: np.ndarray,
+                    columns: list[str] | None) -> Iterator[pa.Table]:
+        """Rows [start, stop) of `order`, rows lost to skipped files made up."""
+        failures = self._source.bad_files.read_failures
+        missing = stop - start
+        for table in self._read_range(start, stop, order, columns):
+            missing -= table.num_rows
+            yield table
+        if self._source.bad_files.read_failures == failures:
+            return
+        # Rows after the shard, then (wrapping around) before it: only other
+        # shards' rows, so a single shard never repeats a row.
+        for position, end in ((stop, self.num_rows), (0, start)):
+            while missing > 0 and position < end:
+                chunk_stop = min(end, position + missing)
+                for table in self._read_range(position, chunk_stop, order,
+                                              columns):
+                    missing -= table.num_rows
+                    yield table
+                position = chunk_stop
+
+    def _read_range(self, start: int, stop: int, order: np.ndarray,
                     columns: list[str] | None) -> Iterator[pa.Table]:
         unit_rows = self._source.unit_rows()
-        order = np.arange(len(unit_rows))
-        if shuffle:
-            order = np.random.default_rng(seed).permutation(len(unit_rows))
         offset = 0
         for unit in order:
             rows = unit_rows[unit]
@@ -202,7 +257,8 @@ class Dataset:
         labels = test.to_table()["label"].to_numpy()
         ```
         """
-        pieces = list(self._read_range(0, self.num_rows, False, 0, None))
+        pieces = list(self._read_range(0, self.num_rows,
+                                       self._unit_order(False, 0), None))
         if not pieces:
             return self.schema.empty_table()
         return pa.concat_tables(pieces)
@@ -231,7 +287,7 @@ class Dataset:
             raise ValueError(
                 f"dataset {self.name!r} has no {TEACHER_PROB!r} column, so its "
                 f"Bayes-optimal AUC is unknown; only synthetic datasets carry it")
-        pieces = self._read_range(0, self.num_rows, False, 0,
+        pieces = self._read_range(0, self.num_rows, self._unit_order(False, 0),
                                   [LABEL, TEACHER_PROB])
         table = pa.concat_tables(pieces)
         return roc_auc(table[LABEL].to_numpy(), table[TEACHER_PROB].to_numpy())

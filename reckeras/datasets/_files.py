@@ -6,15 +6,21 @@ its filesystem (`file:///data/logs`, or any scheme pyarrow was built with);
 any other path is local. Globs are matched by this module, one path segment
 at a time (`*`, `?` and `[...]` within a segment, `**` for any number of
 segments), because pyarrow's filesystems list directories but do not glob.
+
+It also holds what every reader does with a bad file (`on_bad_file`): the
+error that names the file (`file_error`) and the policy that raises it or
+skips the file and records it (`BadFiles`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import logging
 import os
 from collections.abc import Sequence
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 _WILDCARDS = frozenset("*?[")
@@ -34,6 +40,8 @@ class Located:
         base_dir: the directory below which `key=value` path segments are
             partition values: the directory given, the fixed part of a glob,
             or a single file's own directory.
+        sizes: each file's size in bytes, in the order of `paths`, as the
+            listing found them (None where unknown).
 
     Example:
 
@@ -48,36 +56,201 @@ class Located:
     filesystem: pafs.FileSystem
     paths: list[str]
     base_dir: str
+    sizes: list[int | None] | None = None
 
 
-def file_error(path: str, error: Exception) -> Exception:
+# What pyarrow raises for a file it cannot read or decode: `OSError` for
+# I/O, truncated compressed streams, bad ORC footers and bad parquet pages;
+# `ArrowInvalid` (a `ValueError`) for bad data; a bare `ArrowException` for
+# some decompression failures ("Unknown error").
+READ_ERRORS = (pa.ArrowException, OSError)
+
+ON_BAD_FILE = ("raise", "skip")
+
+# Lines of a compressed file are counted in reads this small when it breaks,
+# so that the line reported is at most this many bytes before the break.
+_LINE_PROBE_BYTES = 8 << 10
+
+_LOG = logging.getLogger("reckeras.datasets")
+
+
+def file_error(path: str, error: Exception, where: str | None = None) -> Exception:
     """The error to raise for a file pyarrow could not read, naming the file.
 
     Args:
         path: the file.
         error: pyarrow's error: an `OSError` (I/O, truncated compressed
-            stream, bad ORC footer) or an `ArrowInvalid` (bad data; its
+            stream, bad ORC footer, bad parquet page) or another
+            `pyarrow.ArrowException` such as `ArrowInvalid` (bad data; its
             message often names the column and row).
+        where: the place in the file, e.g. "row group 3", "stripe 1" or
+            "after line 120", or None.
 
     Returns:
-        An error of the same kind (`ValueError` for bad data, the same
-        `OSError` subclass for I/O) whose message starts with the path,
-        unless pyarrow's message already holds it.
+        An error of the same kind (the same `OSError` subclass for I/O,
+        `ValueError` for anything else) whose message starts with the path
+        and `where`; without `where`, a message of pyarrow's that already
+        holds the path is kept as it is.
 
     Example:
 
     ```python
-    from reckeras.datasets._files import file_error
+    from reckeras.datasets._files import READ_ERRORS, file_error
 
     try:
         fragment.count_rows()
-    except (pa.ArrowInvalid, OSError) as error:
+    except READ_ERRORS as error:
         raise file_error(fragment.path, error) from error
     ```
     """
-    message = str(error) if path in str(error) else f"{path}: {error}"
+    if where is not None:
+        message = f"{path}, {where}: {error}"
+    else:
+        message = str(error) if path in str(error) else f"{path}: {error}"
     return type(error)(message) if isinstance(error, OSError) else \
         ValueError(message)
+
+
+def check_on_bad_file(on_bad_file: object) -> str:
+    """Checks a reader's `on_bad_file` argument.
+
+    Args:
+        on_bad_file: the argument.
+
+    Returns:
+        It, "raise" or "skip".
+
+    Raises:
+        ValueError: for anything else.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._files import check_on_bad_file
+
+    check_on_bad_file("skip")   # "skip"
+    ```
+    """
+    if not isinstance(on_bad_file, str) or on_bad_file not in ON_BAD_FILE:
+        raise ValueError(f"on_bad_file must be 'raise' or 'skip', got "
+                         f"{on_bad_file!r}")
+    return on_bad_file
+
+
+def lines_before_break(filesystem: pafs.FileSystem, path: str) -> int | None:
+    """Whole lines a (decompressed) file yields before reading it fails.
+
+    Called once a read failed, to say where: a truncated `.gz` breaks at its
+    end, which no line count in pyarrow's message tells.
+
+    Args:
+        filesystem: the file's filesystem.
+        path: the file.
+
+    Returns:
+        The number of complete lines read before the failure, or None when
+        the file now reads to its end.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._files import lines_before_break
+
+    lines_before_break(pafs.LocalFileSystem(), "/data/day_9.gz")   # 146335
+    ```
+    """
+    lines = 0
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            while chunk := stream.read(_LINE_PROBE_BYTES):
+                lines += chunk.count(b"\n")
+    except READ_ERRORS:
+        return lines
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedFile:
+    """A file that a reader with `on_bad_file="skip"` skipped.
+
+    Args:
+        path: the file.
+        reason: the error it raised, naming the file and, where known, the
+            row group, stripe or line.
+        when: "open" when it was found bad before any row was read (its
+            footer, or the row count of a text file): it was dropped from
+            the file list before sharding; "read" when it failed while its
+            rows were read: the rows produced before stayed, the rest of its
+            row group (parquet) or file (other formats) was skipped.
+
+    Example:
+
+    ```python
+    logs = rk.datasets.from_parquet("/data/logs", on_bad_file="skip")
+    for skipped in logs.skipped_files:
+        print(skipped.path, skipped.when, skipped.reason)
+    ```
+    """
+
+    path: str
+    reason: str
+    when: str
+
+
+class BadFiles:
+    """A reader's `on_bad_file` policy and the files it skipped.
+
+    Args:
+        on_bad_file: "raise" to raise the error naming a bad file; "skip" to
+            log a warning, record the file in `skipped` and go on.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._files import BadFiles, file_error
+
+    bad_files = BadFiles("skip")
+    try:
+        fragment.count_rows()
+    except READ_ERRORS as error:
+        bad_files.reject(fragment.path, file_error(fragment.path, error),
+                         "open", error)
+    bad_files.skipped   # [SkippedFile(path=..., reason=..., when="open")]
+    ```
+    """
+
+    def __init__(self, on_bad_file: str):
+        self.policy = check_on_bad_file(on_bad_file)
+        self.skipped: list[SkippedFile] = []
+        # Failures while reading, every time (a file that fails in every
+        # epoch is recorded once): the dataset compares it before and after
+        # a pass to know that rows went missing.
+        self.read_failures = 0
+
+    def reject(self, path: str, error: Exception, when: str,
+               cause: BaseException | None = None) -> None:
+        """Raises `error` (policy "raise"), or records and logs the skip.
+
+        Args:
+            path: the bad file.
+            error: the error naming it (`file_error`).
+            when: "open" or "read" (see `SkippedFile`).
+            cause: the original error, chained as the raised error's cause.
+
+        Raises:
+            Exception: `error`, under the policy "raise".
+        """
+        if self.policy == "raise":
+            raise error from cause
+        if when == "read":
+            self.read_failures += 1
+        skipped = SkippedFile(path, str(error), when)
+        if skipped in self.skipped:
+            return
+        self.skipped.append(skipped)
+        _LOG.warning("on_bad_file='skip': skipping %s (%s): %s", path,
+                     "dropped before sharding" if when == "open"
+                     else "the rest of it in this pass", error)
 
 
 def _has_wildcard(text: str) -> bool:
@@ -101,17 +274,20 @@ def _matches(pattern: Sequence[str], parts: Sequence[str]) -> bool:
             and _matches(pattern[1:], parts[1:]))
 
 
-def _listed_files(filesystem: pafs.FileSystem, directory: str) -> list[str]:
+def _listed_files(filesystem: pafs.FileSystem,
+                  directory: str) -> dict[str, int | None]:
+    """{path: size} of the files below `directory`."""
     selector = pafs.FileSelector(directory, recursive=True)
-    return [info.path for info in filesystem.get_file_info(selector)
-            if info.type == pafs.FileType.File]
+    return {info.path: info.size for info in filesystem.get_file_info(selector)
+            if info.type == pafs.FileType.File}
 
 
 def _relative_parts(path: str, directory: str) -> list[str]:
     return path[len(directory):].strip("/").split("/")
 
 
-def _glob(filesystem: pafs.FileSystem, pattern: str) -> tuple[list[str], str]:
+def _glob(filesystem: pafs.FileSystem,
+          pattern: str) -> tuple[dict[str, int | None], str]:
     segments = pattern.split("/")
     fixed = 0
     while not _has_wildcard(segments[fixed]):
@@ -122,11 +298,10 @@ def _glob(filesystem: pafs.FileSystem, pattern: str) -> tuple[list[str], str]:
     local_relative = not base and isinstance(filesystem, pafs.LocalFileSystem)
     listed_from = "." if local_relative else base
     if filesystem.get_file_info(listed_from).type != pafs.FileType.Directory:
-        return [], base
-    files = [path for path in _listed_files(filesystem, listed_from)
-             if _matches(segments[fixed:], _relative_parts(path, listed_from))]
-    if local_relative:
-        files = [path.removeprefix("./") for path in files]
+        return {}, base
+    files = {path.removeprefix("./") if local_relative else path: size
+             for path, size in _listed_files(filesystem, listed_from).items()
+             if _matches(segments[fixed:], _relative_parts(path, listed_from))}
     return files, base
 
 
@@ -183,17 +358,19 @@ def locate(path_or_glob: str | os.PathLike, filesystem: pafs.FileSystem | None,
     if _has_wildcard(path):
         files, base = _glob(filesystem, path)
     else:
-        kind = filesystem.get_file_info(path).type
-        if kind == pafs.FileType.Directory:
+        info = filesystem.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
             base = path.rstrip("/") or "/"
-            files = [
-                file for file in _listed_files(filesystem, base)
+            files = {
+                file: size
+                for file, size in _listed_files(filesystem, base).items()
                 if file.endswith(tuple(suffixes)) and not any(
                     part.startswith(_SKIPPED_PREFIXES)
-                    for part in _relative_parts(file, base))]
+                    for part in _relative_parts(file, base))}
         else:
             base = path.rpartition("/")[0]
-            files = [path] if kind == pafs.FileType.File else []
+            files = {path: info.size} if info.type == pafs.FileType.File else {}
     if not files:
         raise FileNotFoundError(f"no {what} files match {pattern!r}")
-    return Located(filesystem, sorted(files), base)
+    paths = sorted(files)
+    return Located(filesystem, paths, base, [files[path] for path in paths])

@@ -5,6 +5,14 @@ turns `key=value` directories (hive partitions) into columns. The units are
 a parquet file's row groups, and whole ORC and CSV files: pyarrow tells
 neither where an ORC stripe's rows start nor where a CSV file's lines do, so
 those are read from the file's start up to the rows wanted.
+
+A file is *bad* when pyarrow cannot read or decode it. Bad files are found at
+open time (parquet and ORC footers; a parquet file whose footer places data
+past the end of its data) or when the row counts are first needed (ORC
+footers again, CSV text parsed), before any shard is cut; or while reading
+(a parquet page that fails its checksum or does not decode, an ORC stripe, a
+CSV value). Each error names the file and, where known, the row group,
+stripe or row; the reader's `BadFiles` policy raises it or skips the file.
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.orc as orc
 
 from reckeras.datasets._dataset import rows_of
-from reckeras.datasets._files import Located, file_error
+from reckeras.datasets._files import READ_ERRORS, BadFiles, Located, file_error
 
 # What the readers' `partitioning` takes, passed on to pyarrow.dataset.
 Partitioning = str | ds.Partitioning | ds.PartitioningFactory | None
@@ -25,13 +35,17 @@ Partitioning = str | ds.Partitioning | ds.PartitioningFactory | None
 # not sit in memory (pyarrow's default is 16).
 _BATCH_READAHEAD = 2
 
+# A parquet file ends with its footer, the footer's length (4 bytes) and
+# the magic "PAR1" (4 bytes).
+_PARQUET_TAIL_BYTES = 8
+
 
 class FragmentSource:
     """The source of a `Dataset` over parquet or ORC files.
 
-    Every file must have the schema of the first, checked from the footers
-    when the files are opened. Partition columns come after the file's.
-    `from_csv`'s source refines this class.
+    Every file must have the schema of the first readable one, checked from
+    the footers when the files are opened. Partition columns come after the
+    file's. `from_csv`'s source refines this class.
 
     Args:
         located: the files.
@@ -39,33 +53,32 @@ class FragmentSource:
         partitioning: what `pyarrow.dataset.dataset` takes: "hive", a
             `pyarrow.dataset.partitioning(...)`, or None.
         what: the format's name, for messages.
+        bad_files: what to do with a file that cannot be read: raise, or
+            skip it (see `BadFiles`).
 
     Example:
 
     ```python
-    from reckeras.datasets._files import locate
+    from reckeras.datasets._files import BadFiles, locate
     from reckeras.datasets._fragments import FragmentSource
 
     located = locate("/data/logs", None, (".orc",), "ORC")
-    source = FragmentSource(located, ds.OrcFileFormat(), "hive", "ORC")
+    source = FragmentSource(located, ds.OrcFileFormat(), "hive", "ORC",
+                            BadFiles("skip"))
     ```
     """
 
     def __init__(self, located: Located, file_format: ds.FileFormat,
-                 partitioning: Partitioning, what: str):
+                 partitioning: Partitioning, what: str, bad_files: BadFiles):
         self.what = what
-        try:
-            dataset = ds.dataset(
-                located.paths, format=file_format,
-                filesystem=located.filesystem, partitioning=partitioning,
-                partition_base_dir=located.base_dir)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-            # ArrowTypeError: a partition key clashes with a column of
-            # another type.
-            raise ValueError(f"cannot open the {what} files: {error}") from error
-        self.fragments = list(dataset.get_fragments())
+        self.bad_files = bad_files
+        self._format = file_format
+        self._filesystem = located.filesystem
+        sizes = dict(zip(located.paths, located.sizes or ()))
+        dataset = self._open_dataset(located, partitioning)
+        opened = self._open_fragments(list(dataset.get_fragments()), sizes)
+        self.fragments = [fragment for fragment, _ in opened]
         self.files = [fragment.path for fragment in self.fragments]
-        self.file_schema = _physical_schema(self.fragments[0])
         keys = {key for fragment in self.fragments
                 for key in ds.get_partition_keys(fragment.partition_expression)}
         clashes = sorted(keys & set(self.file_schema.names))
@@ -78,33 +91,99 @@ class FragmentSource:
         partitions = [field for field in dataset.schema if field.name in keys]
         self.read_schema = pa.schema([*self.file_schema, *partitions])
         self.schema = self.read_schema
-        self._check_files()
         if isinstance(file_format, ds.ParquetFileFormat):
-            self._units = [group for fragment in self.fragments
-                           for group in _row_groups(fragment)]
+            self._units = [group for _, groups in opened for group in groups]
             self._unit_rows = [group.row_groups[0].num_rows
                                for group in self._units]
         else:
-            self._units, self._unit_rows = self.fragments, None
+            self._units, self._unit_rows = list(self.fragments), None
 
-    def _check_files(self) -> None:
-        for fragment in self.fragments[1:]:
-            self.check_file(fragment)
+    def _open_dataset(self, located: Located,
+                      partitioning: Partitioning) -> ds.Dataset:
+        # pyarrow reads the first file to learn the schema: a bad first file
+        # is skipped (or raised) here, and the next one is tried.
+        paths = list(located.paths)
+        while True:
+            try:
+                return ds.dataset(
+                    paths, format=self._format, filesystem=located.filesystem,
+                    partitioning=partitioning,
+                    partition_base_dir=located.base_dir)
+            except (*READ_ERRORS, pa.ArrowTypeError) as error:
+                unreadable = self._first_file_error(paths[0])
+                if unreadable is None:
+                    if isinstance(error, OSError):
+                        raise
+                    # ArrowTypeError: a partition key clashes with a column
+                    # of another type.
+                    raise ValueError(
+                        f"cannot open the {self.what} files: {error}") from error
+                self.bad_files.reject(paths[0], file_error(
+                    paths[0], unreadable, self.where_unreadable(paths[0], unreadable)),
+                    "open", unreadable)
+                paths = paths[1:]
+                if not paths:
+                    raise ValueError(self._nothing_readable()) from error
 
-    def check_file(self, fragment: ds.Fragment) -> None:
+    def _first_file_error(self, path: str) -> Exception | None:
+        try:
+            self._format.make_fragment(path, self._filesystem).physical_schema
+        except READ_ERRORS as error:
+            return error
+        return None
+
+    def _nothing_readable(self) -> str:
+        skipped = self.bad_files.skipped
+        return (f"none of the {len(skipped)} {self.what} files is readable "
+                f"(on_bad_file='skip' skipped them all); the first: "
+                f"{skipped[0].reason}")
+
+    def _open_fragments(
+            self, fragments: list[ds.Fragment], sizes: dict[str, int | None],
+    ) -> list[tuple[ds.Fragment, list[ds.Fragment]]]:
+        """The readable fragments, each with its row groups (parquet).
+
+        Reads every footer: a file that cannot be read is rejected, one of
+        another schema raises. Sets `file_schema`, the schema of the first
+        readable file.
+        """
+        opened = []
+        for fragment in fragments:
+            try:
+                schema = fragment.physical_schema.remove_metadata()
+                groups = _row_groups(fragment, sizes.get(fragment.path)) \
+                    if isinstance(fragment, ds.ParquetFileFragment) else []
+            except READ_ERRORS as error:
+                self.bad_files.reject(fragment.path,
+                                      file_error(fragment.path, error), "open",
+                                      error)
+                continue
+            if opened:
+                self.check_schema(fragment.path, schema)
+            else:
+                self._schema_file, self.file_schema = fragment.path, schema
+            opened.append((fragment, groups))
+        if not opened:
+            raise ValueError(self._nothing_readable())
+        return opened
+
+    def check_schema(self, path: str, schema: pa.Schema) -> None:
         """Raises unless a file has the columns of the first file.
 
+        A file of another schema is not a bad file: `on_bad_file="skip"`
+        does not skip it.
+
         Args:
-            fragment: the file.
+            path: the file.
+            schema: its schema, without metadata.
 
         Raises:
             ValueError: naming the file and showing both schemas.
         """
-        schema = _physical_schema(fragment)
         if not self.same_columns(schema):
             raise ValueError(
-                f"{self.what} file {fragment.path} has schema\n{schema}\n"
-                f"but {self.files[0]} has\n{self.file_schema}\n"
+                f"{self.what} file {path} has schema\n{schema}\n"
+                f"but {self._schema_file} has\n{self.file_schema}\n"
                 f"all files of a dataset must share one schema")
 
     def same_columns(self, schema: pa.Schema) -> bool:
@@ -121,18 +200,66 @@ class FragmentSource:
     def unit_rows(self) -> list[int]:
         """Rows per unit, in storage order.
 
+        The first call counts the rows of ORC and CSV files; a file whose
+        count fails is rejected (under "skip", dropped from `files` and the
+        units before any shard is cut).
+
         Returns:
             One count per row group (parquet) or file (ORC, CSV).
         """
         # ORC row counts are in the footers, CSV ones need a pass over the
         # text: both wait until a caller needs them.
         if self._unit_rows is None:
-            self._unit_rows = [count_rows(fragment) for fragment in self._units]
+            counts = {}
+            for fragment in self._units:
+                try:
+                    counts[fragment.path] = self.count(fragment)
+                except READ_ERRORS as error:
+                    self.bad_files.reject(fragment.path, file_error(
+                        fragment.path, error,
+                        self.where_unreadable(fragment.path, error)),
+                        "open", error)
+            self._units = [unit for unit in self._units if unit.path in counts]
+            self.fragments = [fragment for fragment in self.fragments
+                              if fragment.path in counts]
+            self.files = [path for path in self.files if path in counts]
+            self._unit_rows = [counts[unit.path] for unit in self._units]
         return self._unit_rows
+
+    def count(self, fragment: ds.Fragment) -> int:
+        """Rows of one file (the ORC footer's count).
+
+        Args:
+            fragment: the file.
+
+        Returns:
+            Its row count.
+
+        Raises:
+            OSError: or another `pyarrow.ArrowException`, pyarrow's own.
+        """
+        return fragment.count_rows()
+
+    def where_unreadable(self, path: str, error: Exception) -> str | None:
+        """Where in a file opening it or counting its rows failed.
+
+        Asked only when pyarrow's message may not say it.
+
+        Args:
+            path: the file.
+            error: pyarrow's error.
+
+        Returns:
+            None: an ORC footer has no place finer than the file.
+        """
+        return None
 
     def read_unit(self, unit: int, start: int, stop: int,
                   columns: list[str] | None) -> Iterator[pa.Table]:
         """Rows [start, stop) of a unit, read no further than `stop`.
+
+        A unit that fails while read is rejected: under "skip" it yields
+        the rows decoded before the failure and stops.
 
         Args:
             unit: the unit's index in storage order.
@@ -145,15 +272,34 @@ class FragmentSource:
 
         Raises:
             ValueError: when pyarrow cannot decode the file, or OSError when
-                it cannot read it (naming the file).
+                it cannot read it (naming the file, and the row group or
+                stripe).
         """
         fragment = self._units[unit]
         try:
             yield from rows_of(fragment.to_batches(
                 schema=self.read_schema, columns=columns,
                 batch_readahead=_BATCH_READAHEAD), start, stop)
-        except (pa.ArrowInvalid, OSError) as error:
-            raise file_error(fragment.path, self.explain(error)) from error
+        except READ_ERRORS as error:
+            self.bad_files.reject(fragment.path, file_error(
+                fragment.path, self.explain(error), self.where(fragment, columns)),
+                "read", error)
+
+    def where(self, fragment: ds.Fragment, columns: list[str] | None) -> str | None:
+        """Where in a unit reading failed: its row group, or the ORC stripe.
+
+        Args:
+            fragment: the unit (a parquet row group or an ORC file).
+            columns: the columns that were read; all when None.
+
+        Returns:
+            "row group k" for parquet; for ORC, "stripe k" when decoding the
+            stripes one by one fails at stripe k, else None.
+        """
+        if isinstance(fragment, ds.ParquetFileFragment):
+            return f"row group {fragment.row_groups[0].id}"
+        stripe = _failing_stripe(self._filesystem, fragment.path, columns)
+        return None if stripe is None else f"stripe {stripe}"
 
     def explain(self, error: Exception) -> Exception:
         """pyarrow's error while reading, made clearer for this format.
@@ -168,43 +314,46 @@ class FragmentSource:
         return error
 
 
-def _physical_schema(fragment: ds.Fragment) -> pa.Schema:
+def _row_groups(fragment: ds.ParquetFileFragment,
+                size: int | None) -> list[ds.Fragment]:
+    """A parquet file's row groups, checked to lie before its footer."""
+    groups = fragment.split_by_row_group()
+    if size is None:
+        return groups
+    metadata = fragment.metadata
+    data_end = size - _PARQUET_TAIL_BYTES - metadata.serialized_size
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for column in range(row_group.num_columns):
+            chunk = row_group.column(column)
+            first = chunk.dictionary_page_offset if chunk.has_dictionary_page \
+                else chunk.data_page_offset
+            end = first + chunk.total_compressed_size
+            if end > data_end:
+                # A footer written for more data than the file holds: the
+                # file was cut (or bytes were spliced out) and re-footered.
+                raise pa.ArrowInvalid(
+                    f"{fragment.path}, row group {group}: the footer places "
+                    f"column {chunk.path_in_schema!r} at bytes [{first}, "
+                    f"{end}), but the data ends at byte {data_end}: the file "
+                    f"was cut")
+    return groups
+
+
+def _failing_stripe(filesystem: pafs.FileSystem, path: str,
+                    columns: list[str] | None) -> int | None:
+    """The first ORC stripe that does not decode, found once a read failed."""
     try:
-        return fragment.physical_schema.remove_metadata()
-    except (pa.ArrowInvalid, OSError) as error:
-        raise file_error(fragment.path, error) from error
+        with filesystem.open_input_file(path) as file:
+            reader = orc.ORCFile(file)
+            names = [name for name in reader.schema.names
+                     if columns is None or name in columns]
+            for stripe in range(reader.nstripes):
+                try:
+                    reader.read_stripe(stripe, columns=names)
+                except READ_ERRORS:
+                    return stripe
+    except READ_ERRORS:
+        return None
+    return None
 
-
-def _row_groups(fragment: ds.Fragment) -> list[ds.Fragment]:
-    try:
-        return fragment.split_by_row_group()
-    except (pa.ArrowInvalid, OSError) as error:
-        raise file_error(fragment.path, error) from error
-
-
-def count_rows(fragment: ds.Fragment) -> int:
-    """Rows of a file or row group, naming the file when it cannot be read.
-
-    Args:
-        fragment: the `pyarrow.dataset.Fragment`.
-
-    Returns:
-        Its row count (from the footer for parquet and ORC; for CSV, by
-        parsing the text).
-
-    Raises:
-        ValueError: for bad data, or OSError for an I/O failure (naming the
-            file).
-
-    Example:
-
-    ```python
-    from reckeras.datasets._fragments import count_rows
-
-    count_rows(next(ds.dataset("part-0.orc", format="orc").get_fragments()))
-    ```
-    """
-    try:
-        return fragment.count_rows()
-    except (pa.ArrowInvalid, OSError) as error:
-        raise file_error(fragment.path, error) from error

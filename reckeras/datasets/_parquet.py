@@ -1,4 +1,10 @@
-"""Parquet files as a dataset source: one unit per row group."""
+"""Parquet files as a dataset source: one unit per row group.
+
+Pages are read with their checksums verified: a page written with a CRC
+(pyarrow's `write_page_checksum=True`, and other writers that set it) whose
+bytes changed fails to read, naming its file and row group, instead of
+decoding to other values.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,16 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
-from reckeras.datasets._files import Located, locate
+from reckeras.datasets._files import BadFiles, Located, locate
 from reckeras.datasets._fragments import FragmentSource, Partitioning
 
 # Key of the JSON description that `generate` writes into the file footer.
 METADATA_KEY = b"reckeras.dataset"
+
+
+def _format() -> ds.ParquetFileFormat:
+    return ds.ParquetFileFormat(default_fragment_scan_options=(
+        ds.ParquetFragmentScanOptions(page_checksum_verification=True)))
 
 
 def _description(source: FragmentSource) -> dict[str, Any]:
@@ -38,7 +49,8 @@ def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
         A `Dataset` with one unit per row group.
 
     Raises:
-        ValueError: when the files do not share one schema.
+        ValueError: when a file is not readable parquet or the files do not
+            share one schema (naming the file).
 
     Example:
 
@@ -50,21 +62,29 @@ def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
     ```
     """
     paths = [os.fspath(file) for file in files]
-    located = Located(pafs.LocalFileSystem(), paths, "")
-    source = FragmentSource(located, ds.ParquetFileFormat(), None, "parquet")
+    filesystem = pafs.LocalFileSystem()
+    located = Located(filesystem, paths, "",
+                      [info.size for info in filesystem.get_file_info(paths)])
+    source = FragmentSource(located, _format(), None, "parquet",
+                            BadFiles("raise"))
     return Dataset(source, name, _description(source))
 
 
 def from_parquet(path_or_glob: str | os.PathLike, *,
                  partitioning: Partitioning = "hive",
                  filesystem: pafs.FileSystem | None = None,
-                 label: str = LABEL) -> Dataset:
+                 label: str = LABEL, on_bad_file: str = "raise") -> Dataset:
     """Opens parquet files as a `Dataset`.
 
     Directories named `key=value` below the given directory (hive
     partitions, as in `logs/dt=2026-11-30/part-0.parquet`) become columns
     after the files' own, one value per file: use them as features like any
     column.
+
+    Every footer is read when the files are opened: a truncated file (no
+    footer), or one whose footer places row groups past the end of its data,
+    is found then, before any shard is cut. A page that fails its checksum or
+    does not decode is found when read, naming the file and row group.
 
     Args:
         path_or_glob: a parquet file, a directory (every `*.parquet` file
@@ -79,6 +99,11 @@ def from_parquet(path_or_glob: str | os.PathLike, *,
             None for a local path or a URI.
         label: the name of the label column (`Dataset.label` is None when
             the files have no such column).
+        on_bad_file: "raise" to raise the error naming a file that cannot
+            be read; "skip" to log a warning and go on without it: a file
+            found bad when opened is left out of `Dataset.files` (on every
+            rank alike, so shards agree), one that fails while read loses
+            the rest of that row group. `Dataset.skipped_files` lists them.
 
     Returns:
         A `Dataset` over the matching files, in sorted path order, with one
@@ -86,9 +111,10 @@ def from_parquet(path_or_glob: str | os.PathLike, *,
 
     Raises:
         FileNotFoundError: when nothing matches.
-        ValueError: when a file is not readable parquet or does not share
-            the first file's schema (naming the file), or a partition key is
-            also a column.
+        ValueError: when a file is not readable parquet (under "raise"; under
+            "skip" when none is) or does not share the first file's schema
+            (naming the file), a partition key is also a column, or
+            `on_bad_file` is neither "raise" nor "skip".
 
     Example:
 
@@ -99,7 +125,8 @@ def from_parquet(path_or_glob: str | os.PathLike, *,
     logs.schema.field("dt")   # dt: string
     ```
     """
+    bad_files = BadFiles(on_bad_file)
     located = locate(path_or_glob, filesystem, (".parquet",), "parquet")
-    source = FragmentSource(located, ds.ParquetFileFormat(), partitioning,
-                            "parquet")
+    source = FragmentSource(located, _format(), partitioning, "parquet",
+                            bad_files)
     return Dataset(source, os.fspath(path_or_glob), _description(source), label)
