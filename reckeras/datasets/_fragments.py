@@ -22,7 +22,6 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-import pyarrow.orc as orc
 
 from reckeras.datasets._dataset import rows_of
 from reckeras.datasets._files import READ_ERRORS, BadFiles, Located, file_error
@@ -316,33 +315,40 @@ class FragmentSource:
 
 def _row_groups(fragment: ds.ParquetFileFragment,
                 size: int | None) -> list[ds.Fragment]:
-    """A parquet file's row groups, checked to lie before its footer."""
+    """A parquet file's row groups, checked to end before its footer."""
     groups = fragment.split_by_row_group()
-    if size is None:
-        return groups
     metadata = fragment.metadata
+    if size is None or not metadata.num_row_groups:
+        return groups
     data_end = size - _PARQUET_TAIL_BYTES - metadata.serialized_size
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
-        for column in range(row_group.num_columns):
-            chunk = row_group.column(column)
-            first = chunk.dictionary_page_offset if chunk.has_dictionary_page \
-                else chunk.data_page_offset
-            end = first + chunk.total_compressed_size
-            if end > data_end:
-                # A footer written for more data than the file holds: the
-                # file was cut (or bytes were spliced out) and re-footered.
-                raise pa.ArrowInvalid(
-                    f"{fragment.path}, row group {group}: the footer places "
-                    f"column {chunk.path_in_schema!r} at bytes [{first}, "
-                    f"{end}), but the data ends at byte {data_end}: the file "
-                    f"was cut")
+    # Writers lay row groups out in order, so bytes cut out anywhere (the
+    # footer kept) push the last row group's recorded end past the footer's
+    # start; checking it alone keeps the open cheap for wide files.
+    last = metadata.num_row_groups - 1
+    row_group = metadata.row_group(last)
+    for column in range(row_group.num_columns):
+        chunk = row_group.column(column)
+        # Where a chunk starts, as pyarrow's reader computes it.
+        first = chunk.data_page_offset
+        if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < first:
+            first = chunk.dictionary_page_offset
+        end = first + chunk.total_compressed_size
+        if end > data_end:
+            raise pa.ArrowInvalid(
+                f"{fragment.path}, row group {last}: the footer places "
+                f"column {chunk.path_in_schema!r} at bytes [{first}, "
+                f"{end}), but the data ends at byte {data_end}: the file "
+                f"was cut")
     return groups
 
 
 def _failing_stripe(filesystem: pafs.FileSystem, path: str,
                     columns: list[str] | None) -> int | None:
     """The first ORC stripe that does not decode, found once a read failed."""
+    # Imported here: pyarrow builds without ORC support cannot import it, and
+    # only ORC data needs it.
+    import pyarrow.orc as orc
+
     try:
         with filesystem.open_input_file(path) as file:
             reader = orc.ORCFile(file)
