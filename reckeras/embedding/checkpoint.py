@@ -570,10 +570,11 @@ def _read_tables(model, path, index, world):
                     if chunk.size and source.file.readinto(memoryview(chunk)) != chunk.size:
                         raise source.error("ended while it was read: truncated meanwhile")
                     crc = zlib.crc32(chunk, crc)
-                    owned = chunk.view(_NUMPY[dtype]).reshape(count, *shape[1:])[
-                        mask[first:first + count]]
-                    out[position:position + len(owned)] = owned
-                    position += len(owned)
+                    owned = mask[first:first + count]
+                    kept = int(owned.sum())
+                    np.compress(owned, chunk.view(_NUMPY[dtype]).reshape(count, *shape[1:]),
+                                axis=0, out=out[position:position + kept])
+                    position += kept
                 filled[l, t, array] = position
             source.verify(crc)
         finally:

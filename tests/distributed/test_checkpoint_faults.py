@@ -1,0 +1,190 @@
+"""Checked checkpoints: a truncated, altered, missing or foreign file is named
+at load, and the model stays as it was (dense weights, optimizer state, every
+table's keys, rows and state), in one process and on 2 ranks."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import reckeras as rk
+from launch import torchrun
+from reckeras.embedding.checkpoint import CheckpointError
+from workers import damage
+
+
+def data(n=1500, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b, c = rng.integers(0, 300, n), rng.integers(0, 300, n), rng.integers(0, 50, n)
+    logit = np.sin(a) + np.cos(b) * np.sin(c)
+    return pa.table({"n": rng.normal(size=n).astype(np.float32), "a": a, "b": b, "c": c,
+                     "label": (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)})
+
+
+def build(seed=0):
+    keras.utils.set_random_seed(seed)
+    # Two physical tables (dims 8 and 4), Adagrad state as wide as the rows.
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=8),
+                                        rk.features.Categorical("b", dim=8),
+                                        rk.features.Categorical("c", dim=4)])
+    model = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.Adagrad(0.1))
+    return model
+
+
+def state(model):
+    return {"dense": [v.numpy().copy() for v in model.variables],
+            "optimizer": [v.numpy().copy() for v in model.optimizer.variables],
+            "tables": [layer.engine.export_tables() for layer in model.embedding_layers]}
+
+
+def flat(snapshot):
+    arrays = snapshot["dense"] + snapshot["optimizer"]
+    for layer in snapshot["tables"]:
+        for table in layer:
+            arrays += [table[name] for name in ("keys", "weights", "state")]
+    return arrays
+
+
+def same(a, b):
+    x, y = flat(a), flat(b)
+    return len(x) == len(y) and all(
+        p.shape == q.shape and np.array_equal(p, q) for p, q in zip(x, y))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A model, a checkpoint of it after one epoch, its state then; the model
+    has trained on since, so any write of a load would show."""
+    model = build()
+    model.fit(data(), batch_size=100, epochs=1, verbose=0)
+    original = tmp_path_factory.mktemp("saved") / "ckpt"
+    model.save_checkpoint(original)
+    at_save = state(model)
+    model.fit(data(seed=1), batch_size=100, epochs=1, verbose=0)
+    assert not same(at_save, state(model))
+    return model, original, at_save
+
+
+@pytest.fixture
+def ckpt(trained, tmp_path):
+    path = tmp_path / "ckpt"
+    shutil.copytree(trained[1], path)
+    return str(path)
+
+
+def assert_fails_naming(model, ckpt, filename, *words):
+    before = state(model)
+    with pytest.raises(CheckpointError) as error:
+        model.load_checkpoint(ckpt)
+    assert filename in str(error.value)
+    for word in words:
+        assert word in str(error.value)
+    assert same(before, state(model))
+    return str(error.value)
+
+
+def test_an_intact_checkpoint_restores_the_state_of_the_save(trained, ckpt):
+    model, _, at_save = trained
+    fresh = build(seed=5)
+    fresh.fit(data(seed=2), batch_size=100, epochs=1, verbose=0)
+    fresh.load_checkpoint(ckpt)
+    assert same(at_save, state(fresh))
+    index = json.load(open(os.path.join(ckpt, "index.json")))
+    assert index["format_version"] == 2
+    for name, entry in index["files"].items():
+        assert entry["bytes"] == os.path.getsize(os.path.join(ckpt, name))
+
+
+@pytest.mark.parametrize("fault", sorted(damage.TABLE_FAULTS))
+def test_a_damaged_table_file_is_named_and_changes_nothing(trained, ckpt, fault):
+    target = damage.largest_table_file(ckpt)
+    damage.TABLE_FAULTS[fault](target)
+    assert_fails_naming(trained[0], ckpt, target)
+
+
+def test_flipped_dense_bytes_are_named_and_change_nothing(trained, ckpt):
+    target = os.path.join(ckpt, "dense.safetensors")
+    damage.flip_data(target)
+    assert_fails_naming(trained[0], ckpt, target, "CRC-32")
+
+
+def test_a_table_file_of_another_save_is_named(trained, ckpt, tmp_path):
+    model = trained[0]
+    other = str(tmp_path / "other")
+    model.save_checkpoint(other)             # the model has trained on: other rows
+    target = damage.largest_table_file(ckpt)
+    shutil.copy(damage.largest_table_file(other), target)
+    assert_fails_naming(model, ckpt, target)
+
+
+@pytest.mark.parametrize("fault", [damage.truncate_index, damage.flip_index_checksum])
+def test_a_damaged_index_is_named_and_changes_nothing(trained, ckpt, fault):
+    fault(ckpt)
+    assert_fails_naming(trained[0], ckpt, os.path.join(ckpt, "index.json"), "damaged")
+
+
+def test_an_index_of_another_format_is_refused(trained, ckpt):
+    path = os.path.join(ckpt, "index.json")
+    index = json.load(open(path))
+    json.dump({**index, "format_version": 3}, open(path, "w"))
+    assert_fails_naming(trained[0], ckpt, path, "format_version 3")
+
+
+def test_a_model_with_other_tables_is_refused(trained, ckpt):
+    keras.utils.set_random_seed(0)
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=8),
+                                        rk.features.Categorical("b", dim=8),
+                                        rk.features.Categorical("c", dim=6)])
+    other = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,))
+    other.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.Adagrad(0.1))
+    other.fit(data(), batch_size=100, epochs=1, verbose=0)
+    message = assert_fails_naming(other, ckpt, ckpt, "dims")
+    assert "[[4, 8]]" in message and "[[6, 8]]" in message
+
+
+def version_1(ckpt):
+    """Rewrites the index as format 1 wrote it (no sizes, no checksums)."""
+    path = os.path.join(ckpt, "index.json")
+    index = json.load(open(path))
+    for field in ("files", "index_crc32"):
+        del index[field]
+    json.dump({**index, "format_version": 1}, open(path, "w"))
+
+
+def test_a_version_1_checkpoint_loads_with_its_structure_checked(trained, ckpt):
+    model, _, at_save = trained
+    version_1(ckpt)
+    fresh = build(seed=5)
+    fresh.load_checkpoint(ckpt)
+    assert same(at_save, state(fresh))
+    # Without a recorded size, the safetensors header still finds the cut.
+    damage.truncate(damage.largest_table_file(ckpt))
+    assert_fails_naming(model, ckpt, damage.largest_table_file(ckpt), "truncated")
+
+
+def test_a_fault_one_rank_finds_fails_the_load_on_every_rank(tmp_path):
+    # On 2 ranks from a 2-rank save each rank reads only its own file: the
+    # rank that reads the damaged file finds it, the other hears of it.
+    torchrun("checkpoint_faults.py", 2, tmp_path / "ckpt", tmp_path / "rank")
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for report in reports:
+        assert report["intact_load_restores_the_save"]
+        assert set(report["faults"]) == set(damage.TABLE_FAULTS)
+    for fault in damage.TABLE_FAULTS:
+        outcomes = [report["faults"][fault] for report in reports]
+        target = outcomes[0]["file"]
+        finder = int(target.split("tables-")[1][:5])      # the rank that reads it
+        for rank, outcome in enumerate(outcomes):
+            assert outcome["error"] == "CheckpointError" and outcome["unchanged"], outcome
+            assert target in outcome["message"]
+            if rank != finder:
+                assert f"rank {finder} of 2 could not load it" in outcome["message"]
