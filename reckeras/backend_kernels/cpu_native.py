@@ -16,13 +16,31 @@ compiler lacks it) into a cache directory (`RECKERAS_CACHE_DIR` or
 `~/.cache/reckeras`). Without a compiler, or with `RECKERAS_NATIVE=0`,
 `available()` is False and the library keeps using the torch references.
 
-The kernels take contiguous CPU tensors (`usable` tells); the callers in
-`hashing`, `hash_table`, `aggregation`, `pooling` and `sparse_optimizers`
-check that before they call.
+`RECKERAS_NATIVE_SANITIZE=1` builds them instead with AddressSanitizer and
+UndefinedBehaviorSanitizer (`-fsanitize=address,undefined
+-fno-sanitize-recover=all`, into a file of its own beside the optimized
+one), and a failed build then raises instead of falling back: the process
+must have the ASan runtime loaded first (`LD_PRELOAD` of `gcc
+-print-file-name=libasan.so`), which `scripts/test_sanitized.sh` arranges.
+
+The wrappers are the boundary between Python and C, and a bad argument is
+an exception, never a wild read or write. Before the call each refuses,
+with a `TypeError` or `ValueError` naming the kernel and the argument, a
+non-tensor, a wrong dtype, a tensor that is not a dense contiguous CPU
+tensor, wrong dims or sizes, and scalars out of range: the C code trusts
+the sizes it is passed. The index *values* (rows, positions, destinations)
+are checked by the C kernels themselves before they touch memory through
+them, which costs 0-4% of a kernel where a torch `aminmax` per index tensor
+before the call cost 8-15% (cpu_native.c); the wrapper raises a `ValueError`
+naming the argument, and nothing the caller can see was written. The callers in `hashing`, `hash_table`, `aggregation`,
+`pooling` and `sparse_optimizers` call a kernel where `usable` holds for
+its tensors (dispatch.use_native), and the torch reference otherwise.
 """
 
 import ctypes
 import hashlib
+import numbers
+import operator
 import os
 import subprocess
 import sys
@@ -34,25 +52,34 @@ from pathlib import Path
 import torch
 
 _SOURCE = Path(__file__).with_name("cpu_native.c")
-_FLAGS = ["-O3", "-fPIC", "-shared", "-std=gnu99"]
+_FLAGS = ["-fPIC", "-shared", "-std=gnu99"]
+_OPTIMIZED = ["-O3"]
+# -O1 keeps the reports' stack traces readable; -fno-sanitize-recover makes
+# undefined behaviour abort like a memory error instead of printing and going on.
+SANITIZE_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                  "-fno-sanitize-recover=all"]
 _lock = threading.Lock()
 _library = None
 _failed = False
 
+_INT64_MAX = 2**63 - 1
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _INT = ctypes.c_int
 _SIGNATURES = {      # the last int of the parallel kernels is the thread count
-    "rk_table_keys": (None, [_PTR, _PTR, _PTR, _I64, _PTR, _INT]),
+    "rk_table_keys": (_INT, [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _INT]),
     "rk_initial_rows": (None, [_PTR, _I64, _I64, _I64, ctypes.c_double, _PTR, _INT]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
-    "rk_pool_forward": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64,
-                               _INT]),
-    "rk_aggregate": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
-    "rk_unique_rows": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR]),
-    "rk_apply_update": (None, [_INT, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64,
+    "rk_pool_forward": (_INT, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR,
+                               _I64, _INT]),
+    "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
+    "rk_unique_rows": (_I64, [_PTR, _I64, _I64, _PTR, _PTR, _PTR]),
+    "rk_apply_update": (_INT, [_INT, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64,
                                ctypes.c_float, ctypes.c_float, _INT]),
 }
+# The bits the pool and aggregate kernels return (BAD_TARGET, BAD_SOURCE,
+# BAD_THROUGH in cpu_native.c).
+_BAD_TARGET, _BAD_SOURCE, _BAD_THROUGH = 1, 2, 4
 
 
 def _cache_dir() -> Path:
@@ -60,11 +87,29 @@ def _cache_dir() -> Path:
                                Path.home() / ".cache" / "reckeras"))
 
 
+def sanitizing() -> bool:
+    """Whether this process builds the kernels with the sanitizers.
+
+    Returns:
+        Whether `RECKERAS_NATIVE_SANITIZE` is `1`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import cpu_native
+
+    cpu_native.sanitizing()   # True under scripts/test_sanitized.sh
+    ```
+    """
+    return os.environ.get("RECKERAS_NATIVE_SANITIZE", "0") == "1"
+
+
 def _build(flags: list[str]) -> Path:
     """The compiled library for `flags` (built once into the cache dir)."""
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_native-{digest}-{sys.platform}.so"
+    kind = "-sanitized" if "-fsanitize=address,undefined" in flags else ""
+    target = _cache_dir() / f"cpu_native{kind}-{digest}-{sys.platform}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         compiler = os.environ.get("CC", "cc")
@@ -77,11 +122,16 @@ def _build(flags: list[str]) -> Path:
 
 
 def _compile() -> ctypes.CDLL:
-    try:
-        # OpenMP puts the parallel loops on torch's own threads (cpu_native.c).
-        target = _build(_FLAGS + ["-fopenmp"])
-    except (OSError, subprocess.SubprocessError):
-        target = _build(_FLAGS)      # no OpenMP here: the same loops, one thread
+    if sanitizing():
+        # No fallback: a sanitized run that quietly lost OpenMP (or the
+        # sanitizers) would test something else than it says.
+        target = _build(_FLAGS + SANITIZE_FLAGS + ["-fopenmp"])
+    else:
+        try:
+            # OpenMP puts the parallel loops on torch's own threads (cpu_native.c).
+            target = _build(_FLAGS + _OPTIMIZED + ["-fopenmp"])
+        except (OSError, subprocess.SubprocessError):
+            target = _build(_FLAGS + _OPTIMIZED)   # no OpenMP here: the same loops, one thread
     library = ctypes.CDLL(str(target))
     for name, (restype, argtypes) in _SIGNATURES.items():
         function = getattr(library, name)
@@ -93,10 +143,16 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels, or `None` when they cannot be built here.
 
     The first call compiles (or finds in the cache) and loads the library;
-    a failed build warns once and is not retried.
+    a failed build warns once and is not retried. With
+    `RECKERAS_NATIVE_SANITIZE=1` it builds the sanitized library, and a
+    failed build raises.
 
     Returns:
         The `ctypes.CDLL`, its functions' signatures set, or `None`.
+
+    Raises:
+        RuntimeError: when the sanitized library was asked for and cannot
+            be built or loaded.
 
     Example:
 
@@ -112,17 +168,22 @@ def library() -> ctypes.CDLL | None:
         return _library
     with _lock:
         if _library is None and not _failed:
-            if os.environ.get("RECKERAS_NATIVE", "1") == "0":
+            if os.environ.get("RECKERAS_NATIVE", "1") == "0" and not sanitizing():
                 _failed = True
                 return None
             try:
                 _library = _compile()
             except (OSError, subprocess.SubprocessError) as error:
-                _failed = True
                 detail = getattr(error, "stderr", b"") or b""
+                detail = detail.decode(errors="replace")[:300]
+                if sanitizing():
+                    raise RuntimeError(
+                        f"reckeras: RECKERAS_NATIVE_SANITIZE=1 but the sanitized native "
+                        f"kernels could not be built or loaded ({error}; {detail})") from error
+                _failed = True
                 warnings.warn(f"reckeras: native CPU kernels unavailable ({error}; "
-                              f"{detail.decode(errors='replace')[:300]}); using the "
-                              f"torch reference kernels", RuntimeWarning, stacklevel=2)
+                              f"{detail}); using the torch reference kernels",
+                              RuntimeWarning, stacklevel=2)
     return _library
 
 
@@ -146,8 +207,9 @@ def available() -> bool:
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the native kernels apply to these tensors.
 
-    They do for contiguous CPU tensors whose floating point ones are
-    float32 (other table dtypes use the references), when `available()`.
+    They do for contiguous CPU tensors that are float32 or int64 (tables of
+    other dtypes, and indices of other dtypes, use the references), when
+    `available()`.
 
     Args:
         *tensors: the operands of one kernel call.
@@ -162,11 +224,82 @@ def usable(*tensors: torch.Tensor) -> bool:
 
     cpu_native.usable(torch.zeros(4, 8), torch.arange(4))   # True where built
     cpu_native.usable(torch.zeros(4, 8).t())                # False: not contiguous
+    cpu_native.usable(torch.arange(4, dtype=torch.int32))   # False: int32
     ```
     """
-    return all(t.device.type == "cpu" and t.is_contiguous()
-               and (not t.is_floating_point() or t.dtype == torch.float32)
+    return all(t.is_cpu and t.is_contiguous()
+               and t.dtype in (torch.float32, torch.int64)
                for t in tensors) and available()
+
+
+# ---- the checks at the boundary ---------------------------------------------------------
+# Each is a few attribute reads (~0.4 us a tensor): they run on every call.
+# (`is_cpu`, not `device.type`: building the device object costs 0.4 us alone.)
+
+def _tensor(kernel: str, name: str, value: object, dtype: torch.dtype,
+            dims: int) -> torch.Tensor:
+    """`value` if it is a dense contiguous CPU tensor of `dtype` and `dims` dims."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"cpu_native.{kernel}: {name} must be a torch.Tensor, got "
+                        f"{type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"cpu_native.{kernel}: {name} must be {dtype}, got {value.dtype}")
+    if not value.is_cpu or value.layout != torch.strided:
+        raise ValueError(f"cpu_native.{kernel}: {name} must be a dense CPU tensor, got "
+                         f"{value.layout} on {value.device}")
+    if value.dim() != dims:
+        raise ValueError(f"cpu_native.{kernel}: {name} must have {dims} "
+                         f"dimension{'s' if dims > 1 else ''}, got shape "
+                         f"{tuple(value.shape)}")
+    if not value.is_contiguous():
+        raise ValueError(f"cpu_native.{kernel}: {name} must be contiguous, got strides "
+                         f"{value.stride()} for shape {tuple(value.shape)}")
+    return value
+
+
+def _integer(kernel: str, name: str, value: object, low: int = 0,
+             high: int = _INT64_MAX) -> int:
+    """`value` as an int if it is an integer in `[low, high]`."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"cpu_native.{kernel}: {name} must be an integer, got "
+                        f"{type(value).__name__}") from None
+    if not low <= number <= high:
+        raise ValueError(f"cpu_native.{kernel}: {name} must lie in [{low}, {high}], "
+                         f"got {number}")
+    return number
+
+
+def _real(kernel: str, name: str, value: object) -> float:
+    """`value` as a float if it is a real number."""
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"cpu_native.{kernel}: {name} must be a real number, got "
+                        f"{type(value).__name__}")
+    return float(value)
+
+
+def _forward_index(kernel: str, unique_index: torch.Tensor, destination: torch.Tensor,
+                   id_weight: torch.Tensor) -> int:
+    """The number of ids of a forward index (pool and aggregate), once checked."""
+    _tensor(kernel, "unique_index", unique_index, torch.int64, 1)
+    _tensor(kernel, "destination", destination, torch.int64, 1)
+    _tensor(kernel, "id_weight", id_weight, torch.float32, 1)
+    n = destination.shape[0]
+    for name, tensor in (("unique_index", unique_index), ("id_weight", id_weight)):
+        if tensor.shape[0] != n:
+            raise ValueError(f"cpu_native.{kernel}: {name} has {tensor.shape[0]} entries "
+                             f"and destination {n}: one of each per id")
+    return n
+
+
+def _outside(kernel: str, name: str, index: torch.Tensor, bound: int,
+             bound_name: str) -> ValueError:
+    """The error for `index` holding values outside `[0, bound)` (on the error path)."""
+    bad = index[(index < 0) | (index >= bound)]
+    return ValueError(f"cpu_native.{kernel}: {name} holds {bad.numel()} values outside "
+                      f"[0, {bound_name}={bound}) (from {int(bad.min())} to "
+                      f"{int(bad.max())})")
 
 
 def _p(tensor: torch.Tensor) -> ctypes.c_void_p:
@@ -184,10 +317,16 @@ def table_keys(ids: torch.Tensor, salt: torch.Tensor,
     Args:
         ids: int64 `[N]`.
         salt: int64 `[S]`, one salt per slot.
-        slot_counts: int64 `[S]`, ids per slot (summing to `N`).
+        slot_counts: int64 `[S]`, ids per slot (non-negative, summing to `N`).
 
     Returns:
         int64 `[N]` table keys.
+
+    Raises:
+        TypeError: for an argument that is not an int64 tensor.
+        ValueError: for one that is not 1-D, contiguous and on the CPU, for
+            `salt` and `slot_counts` of different lengths, or counts that
+            are negative or do not sum to `N`.
 
     Example:
 
@@ -199,9 +338,19 @@ def table_keys(ids: torch.Tensor, salt: torch.Tensor,
                                      torch.tensor([2, 1]))
     ```
     """
+    kernel = "table_keys"
+    _tensor(kernel, "ids", ids, torch.int64, 1)
+    _tensor(kernel, "salt", salt, torch.int64, 1)
+    _tensor(kernel, "slot_counts", slot_counts, torch.int64, 1)
+    if salt.shape[0] != slot_counts.shape[0]:
+        raise ValueError(f"cpu_native.table_keys: salt has {salt.shape[0]} entries and "
+                         f"slot_counts {slot_counts.shape[0]}: one of each per slot")
     keys = torch.empty_like(ids)
-    library().rk_table_keys(_p(ids), _p(salt), _p(slot_counts), slot_counts.numel(),
-                            _p(keys), _threads())
+    status = library().rk_table_keys(_p(ids), ids.shape[0], _p(salt), _p(slot_counts),
+                                     slot_counts.shape[0], _p(keys), _threads())
+    if status:
+        raise ValueError(f"cpu_native.table_keys: slot_counts must be non-negative and "
+                         f"sum to the {ids.shape[0]} ids, got {slot_counts.tolist()[:20]}")
     return keys
 
 
@@ -210,12 +359,17 @@ def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch
 
     Args:
         keys: int64 `[n]` row keys.
-        dim: the row width.
+        dim: the row width, `>= 0`.
         scale: the rows are uniform in `[-scale, scale]`.
-        seed: the seed of the table's initial values.
+        seed: the seed of the table's initial values, an int64.
 
     Returns:
         float32 `[n, dim]`.
+
+    Raises:
+        TypeError: for `keys` not an int64 tensor, or non-numeric scalars.
+        ValueError: for `keys` not 1-D, contiguous and on the CPU, a
+            negative `dim`, or a `seed` outside int64.
 
     Example:
 
@@ -226,8 +380,13 @@ def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch
         rows = cpu_native.initial_rows(torch.tensor([7, 8]), 16, 0.25, 0)   # [2, 16]
     ```
     """
-    out = torch.empty(keys.numel(), dim, dtype=torch.float32)
-    library().rk_initial_rows(_p(keys), keys.numel(), dim, seed, float(scale), _p(out),
+    kernel = "initial_rows"
+    _tensor(kernel, "keys", keys, torch.int64, 1)
+    dim = _integer(kernel, "dim", dim)
+    seed = _integer(kernel, "seed", seed, -_INT64_MAX - 1)
+    scale = _real(kernel, "scale", scale)
+    out = torch.empty(keys.shape[0], dim, dtype=torch.float32)
+    library().rk_initial_rows(_p(keys), keys.shape[0], dim, seed, scale, _p(out),
                               _threads())
     return out
 
@@ -240,7 +399,8 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     New keys are numbered in the order of their first position in `keys`.
 
     Args:
-        slot_keys: int64 `[capacity]`, the map's keys, updated in place.
+        slot_keys: int64 `[capacity]`, the map's keys, updated in place;
+            `capacity` is a power of two.
         slot_rows: int64 `[capacity]`, the map's rows, updated in place.
         keys: int64 `[n]`, duplicates allowed.
         num_rows: the number of rows before the call.
@@ -249,6 +409,15 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
 
     Returns:
         `(rows, num_rows)`: int64 rows aligned with `keys` and the new count.
+
+    Raises:
+        TypeError: for a tensor that is not int64, or a non-integer `num_rows`.
+        ValueError: for a tensor not 1-D, contiguous and on the CPU, maps
+            of different sizes or not a power of two, `num_rows` negative
+            or so large that new rows would overflow int64, or an insert
+            into a map with no free slot left (the caller sizes the map,
+            `hash_table.capacity_for`; keys before the one that found no
+            slot are inserted).
 
     Example:
 
@@ -263,10 +432,26 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
         rows, count   # (tensor([0, 1, 0]), 2)
     ```
     """
+    kernel = "find_or_insert"
+    _tensor(kernel, "slot_keys", slot_keys, torch.int64, 1)
+    _tensor(kernel, "slot_rows", slot_rows, torch.int64, 1)
+    _tensor(kernel, "keys", keys, torch.int64, 1)
+    capacity = slot_keys.shape[0]
+    if slot_rows.shape[0] != capacity:
+        raise ValueError(f"cpu_native.find_or_insert: slot_keys has {capacity} slots and "
+                         f"slot_rows {slot_rows.shape[0]}")
+    if capacity & (capacity - 1) or capacity == 0:
+        raise ValueError(f"cpu_native.find_or_insert: the map's capacity must be a power "
+                         f"of two, got {capacity} slots")
+    num_rows = _integer(kernel, "num_rows", num_rows, 0, _INT64_MAX - keys.shape[0])
     rows = torch.empty_like(keys)
-    count = library().rk_find_or_insert(_p(slot_keys), _p(slot_rows), slot_keys.numel(),
-                                        _p(keys), keys.numel(), _p(rows), num_rows,
-                                        int(insert), _threads())
+    count = library().rk_find_or_insert(_p(slot_keys), _p(slot_rows), capacity, _p(keys),
+                                        keys.shape[0], _p(rows), num_rows, int(bool(insert)),
+                                        _threads())
+    if count < 0:
+        raise ValueError(f"cpu_native.find_or_insert: the map of {capacity} slots is full: "
+                         f"no free slot for a new key (size it with "
+                         f"hash_table.capacity_for)")
     return rows, count
 
 
@@ -288,6 +473,15 @@ def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
     Returns:
         float32 `[num_slots, D]`, zeros for slots no id writes.
 
+    Raises:
+        TypeError: for a tensor of the wrong dtype (or not a tensor), or a
+            non-integer `num_slots`.
+        ValueError: for a tensor of the wrong dims, not contiguous or not
+            on the CPU, per-id tensors of different lengths, a negative
+            `num_slots`, or an index out of range: `unique_index` outside
+            `[0, U)`, `unique_rows` outside `[0, num_rows)`, `destination`
+            outside `[0, num_slots)`.
+
     Example:
 
     ```python
@@ -299,10 +493,24 @@ def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
             torch.tensor([0, 0, 1]), torch.ones(3), 2)   # [[1, 0, 1], [0, 0, 1]]
     ```
     """
-    out = torch.zeros(num_slots, weights.shape[1], dtype=torch.float32)
-    library().rk_pool_forward(_p(weights), weights.shape[1], _p(unique_rows),
-                              _p(unique_index), _p(destination), _p(id_weight),
-                              destination.numel(), _p(out), num_slots, _threads())
+    kernel = "pool_forward"
+    _tensor(kernel, "weights", weights, torch.float32, 2)
+    _tensor(kernel, "unique_rows", unique_rows, torch.int64, 1)
+    n = _forward_index(kernel, unique_index, destination, id_weight)
+    num_slots = _integer(kernel, "num_slots", num_slots)
+    num_rows, dim = weights.shape
+    out = torch.zeros(num_slots, dim, dtype=torch.float32)
+    bad = library().rk_pool_forward(_p(weights), num_rows, dim, _p(unique_rows),
+                                    unique_rows.shape[0], _p(unique_index),
+                                    _p(destination), _p(id_weight), n, _p(out),
+                                    num_slots, _threads())
+    if bad & _BAD_TARGET:
+        raise _outside(kernel, "destination", destination, num_slots, "num_slots")
+    if bad & _BAD_THROUGH:
+        raise _outside(kernel, "unique_index", unique_index, unique_rows.shape[0],
+                       "len(unique_rows)")
+    if bad & _BAD_SOURCE:
+        raise _outside(kernel, "unique_rows", unique_rows, num_rows, "rows of weights")
     return out
 
 
@@ -321,6 +529,14 @@ def aggregate(grad_out: torch.Tensor, unique_index: torch.Tensor,
     Returns:
         float32 `[num_unique, D]`.
 
+    Raises:
+        TypeError: for a tensor of the wrong dtype (or not a tensor), or a
+            non-integer `num_unique`.
+        ValueError: for a tensor of the wrong dims, not contiguous or not
+            on the CPU, per-id tensors of different lengths, a negative
+            `num_unique`, `unique_index` outside `[0, num_unique)` or
+            `destination` outside `[0, num_slots)`.
+
     Example:
 
     ```python
@@ -331,10 +547,19 @@ def aggregate(grad_out: torch.Tensor, unique_index: torch.Tensor,
                                      torch.tensor([0, 0, 1]), torch.ones(3), 2)
     ```
     """
-    grads = torch.zeros(num_unique, grad_out.shape[1], dtype=torch.float32)
-    library().rk_aggregate(_p(grad_out), grad_out.shape[1], _p(unique_index),
-                           _p(destination), _p(id_weight), destination.numel(),
-                           _p(grads), num_unique, _threads())
+    kernel = "aggregate"
+    _tensor(kernel, "grad_out", grad_out, torch.float32, 2)
+    n = _forward_index(kernel, unique_index, destination, id_weight)
+    num_unique = _integer(kernel, "num_unique", num_unique)
+    num_slots, dim = grad_out.shape
+    grads = torch.zeros(num_unique, dim, dtype=torch.float32)
+    bad = library().rk_aggregate(_p(grad_out), num_slots, dim, _p(unique_index),
+                                 _p(destination), _p(id_weight), n, _p(grads), num_unique,
+                                 _threads())
+    if bad & _BAD_TARGET:
+        raise _outside(kernel, "unique_index", unique_index, num_unique, "num_unique")
+    if bad & _BAD_SOURCE:
+        raise _outside(kernel, "destination", destination, num_slots, "rows of grad_out")
     return grads
 
 
@@ -355,6 +580,11 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
         `(unique, unique_index)`: the distinct rows and, for each input,
         its position in `unique`.
 
+    Raises:
+        TypeError: for `rows` not an int64 tensor, or a non-integer `num_rows`.
+        ValueError: for `rows` not 1-D, contiguous and on the CPU, a
+            negative `num_rows`, or a row outside `[0, num_rows)`.
+
     Example:
 
     ```python
@@ -365,14 +595,19 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
         unique, index   # (tensor([5, 2, 7]), tensor([0, 1, 0, 2]))
     ```
     """
+    kernel = "unique_rows"
+    _tensor(kernel, "rows", rows, torch.int64, 1)
+    num_rows = _integer(kernel, "num_rows", num_rows)
     position = getattr(_positions, "buffer", None)
     if position is None or position.numel() < num_rows:
         position = torch.full((max(num_rows, 1024) * 2,), -1, dtype=torch.int64)
         _positions.buffer = position
     unique = torch.empty_like(rows)
     unique_index = torch.empty_like(rows)
-    count = library().rk_unique_rows(_p(rows), rows.numel(), _p(position), _p(unique),
-                                     _p(unique_index))
+    count = library().rk_unique_rows(_p(rows), rows.shape[0], num_rows, _p(position),
+                                     _p(unique), _p(unique_index))
+    if count < 0:
+        raise _outside(kernel, "rows", rows, num_rows, "num_rows")
     return unique[:count], unique_index
 
 
@@ -386,11 +621,20 @@ def apply_update(kind: str, weights: torch.Tensor, state: torch.Tensor,
     Args:
         kind: a key of `UPDATE_KINDS` ("sgd", "adagrad", "rowwise_adagrad").
         weights: float32 `[num_rows, D]`, the table.
-        state: float32 `[num_rows, width]`, the optimizer state.
-        rows: int64 `[U]`, distinct rows.
+        state: float32 `[num_rows, width]`, the optimizer state: width `D`
+            for Adagrad, 1 for row-wise Adagrad; SGD does not read it.
+        rows: int64 `[U]`, distinct rows in `[0, num_rows)`.
         grads: float32 `[U, D]`, the gradient of every row.
         lr: the learning rate.
         eps: Adagrad's epsilon (unused by SGD).
+
+    Raises:
+        TypeError: for a tensor of the wrong dtype (or not a tensor), or
+            non-numeric `lr`, `eps`.
+        ValueError: for an unknown `kind`, a tensor of the wrong dims, not
+            contiguous or not on the CPU, `grads` not `[U, D]`, `state` not
+            of the shape `kind` needs, or a row outside `[0, num_rows)`.
+            Nothing is updated then.
 
     Example:
 
@@ -403,6 +647,25 @@ def apply_update(kind: str, weights: torch.Tensor, state: torch.Tensor,
                                 torch.ones(1, 2), 0.1, 0.0)   # weights[3] = 0.9
     ```
     """
-    library().rk_apply_update(UPDATE_KINDS[kind], _p(weights), _p(state),
-                              state.shape[1], weights.shape[1], _p(rows), _p(grads),
-                              rows.numel(), lr, eps, _threads())
+    kernel = "apply_update"
+    if kind not in UPDATE_KINDS:
+        raise ValueError(f"cpu_native.apply_update: kind must be one of "
+                         f"{sorted(UPDATE_KINDS)}, got {kind!r}")
+    _tensor(kernel, "weights", weights, torch.float32, 2)
+    _tensor(kernel, "state", state, torch.float32, 2)
+    _tensor(kernel, "rows", rows, torch.int64, 1)
+    _tensor(kernel, "grads", grads, torch.float32, 2)
+    lr, eps = _real(kernel, "lr", lr), _real(kernel, "eps", eps)
+    num_rows, dim = weights.shape
+    if grads.shape != (rows.shape[0], dim):
+        raise ValueError(f"cpu_native.apply_update: grads must be [{rows.shape[0]}, {dim}] "
+                         f"(one row of width D per row updated), got {tuple(grads.shape)}")
+    width = {"sgd": state.shape[1], "adagrad": dim, "rowwise_adagrad": 1}[kind]
+    if kind != "sgd" and state.shape != (num_rows, width):
+        raise ValueError(f"cpu_native.apply_update: {kind} needs state of shape "
+                         f"[{num_rows}, {width}], got {tuple(state.shape)}")
+    status = library().rk_apply_update(UPDATE_KINDS[kind], _p(weights), _p(state),
+                                       state.shape[1], dim, num_rows, _p(rows), _p(grads),
+                                       rows.shape[0], lr, eps, _threads())
+    if status:
+        raise _outside(kernel, "rows", rows, num_rows, "rows of weights")
