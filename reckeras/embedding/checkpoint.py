@@ -12,9 +12,9 @@ Layout of a checkpoint directory::
 Loading on M ranks: each rank keeps the keys it owns under M ranks
 (`sharding.owner_of`), so any N -> M works. It streams the table files in
 chunks and keeps only its own rows, so its memory grows with its share of
-the tables, not with the whole checkpoint; when M divides N it reads only the
-files whose rows can be its own (file r holds keys with owner r under N, so
-their owner under M is r mod M).
+the tables, not with the whole checkpoint. It reads only the files that can
+hold rows it owns: file r of N when r = rank (mod gcd(N, M)), so all of them
+when N and M are coprime, one when N = M.
 
 Loading verifies before it changes anything: every file a rank needs is
 read whole, its size and CRC-32 compared with the index, its safetensors
@@ -430,14 +430,24 @@ class _File:
         dtype, shape, begin, end = self.tensors[name]
         array = np.empty(shape, _NUMPY[dtype])
         self.file.seek(begin)
-        self.file.readinto(memoryview(array.reshape(-1)).cast("B"))
+        self.read_exactly(array.reshape(-1).view(np.uint8))
         return array
+
+    def read_exactly(self, target):
+        """Fills the uint8 array `target` from the current position (a read
+        may return less than asked)."""
+        view, got = memoryview(target), 0
+        while got < target.size:
+            n = self.file.readinto(view[got:])
+            if not n:
+                raise self.error("ended while it was read: it was truncated meanwhile")
+            got += n
 
     def verify(self, crc):
         if self.expected is not None and crc != self.expected["crc32"]:
             raise self.error(f"its CRC-32 is {crc:#010x}, the index records "
                              f"{self.expected['crc32']:#010x}: the file was altered "
-                             f"after the save")
+                             f"after the save, or the index is another save's")
 
     def close(self):
         self.file.close()
@@ -449,10 +459,7 @@ def _read_dense(path, files):
     try:
         data = bytearray(source.size)
         source.file.seek(0)
-        view = memoryview(data)
-        got = 0
-        while got < source.size and (n := source.file.readinto(view[got:])):
-            got += n
+        source.read_exactly(np.frombuffer(data, np.uint8))
         source.verify(zlib.crc32(data))
         tensors = {}
         for name, (dtype, shape, begin, end) in source.tensors.items():
@@ -516,10 +523,12 @@ def _read_tables(model, path, index, world):
                     f"checkpoint {path!r}: table {store.name} was saved with "
                     f"{width} optimizer state values per row, the model's sparse "
                     f"optimizer keeps {store.state.shape[1]}")
-    # File r holds the keys with owner r under `saved` ranks; their owner
-    # under world.size ranks is r mod world.size when that divides `saved`.
+    # The owner of a key is h mod (world size) for one hash h (owner_of), so
+    # file r of N holds h = r (mod N); this rank m of M owns h = m (mod M);
+    # both hold for some h exactly when r = m (mod gcd(N, M)).
+    common = math.gcd(saved, world.size)
     names = [name for r, name in enumerate(index["table_files"])
-             if saved % world.size or r % world.size == world.rank]
+             if r % common == world.rank % common]
     masks = {}                    # (file, layer, table) -> owned rows
     for name in names:
         source = _File(path, name, files)
@@ -564,16 +573,20 @@ def _read_tables(model, path, index, world):
                 source.file.seek(begin)
                 for first in range(0, shape[0], step):
                     count = min(step, shape[0] - first)
-                    if row_bytes * count > buffer.size:
-                        buffer = np.empty(row_bytes * count, np.uint8)
-                    chunk = buffer[:count * width * _DTYPES[dtype].itemsize]
-                    if chunk.size and source.file.readinto(memoryview(chunk)) != chunk.size:
-                        raise source.error("ended while it was read: truncated meanwhile")
-                    crc = zlib.crc32(chunk, crc)
                     owned = mask[first:first + count]
                     kept = int(owned.sum())
-                    np.compress(owned, chunk.view(_NUMPY[dtype]).reshape(count, *shape[1:]),
-                                axis=0, out=out[position:position + kept])
+                    target = out[position:position + kept]
+                    if kept == count:    # all this rank's (always when N = M): read in place
+                        chunk = target.reshape(-1).view(np.uint8)
+                    else:
+                        if row_bytes * count > buffer.size:
+                            buffer = np.empty(row_bytes * count, np.uint8)
+                        chunk = buffer[:count * width * _DTYPES[dtype].itemsize]
+                    source.read_exactly(chunk)
+                    crc = zlib.crc32(chunk, crc)
+                    if kept != count:
+                        np.compress(owned, chunk.view(_NUMPY[dtype]).reshape(count, *shape[1:]),
+                                    axis=0, out=target)
                     position += kept
                 filled[l, t, array] = position
             source.verify(crc)

@@ -121,3 +121,12 @@ def test_a_rank_holds_its_share_of_the_rows_while_it_loads(tmp_path):
         # Reading every file whole and concatenating them, as the load did
         # before it streamed, took 200 MiB on each rank (3.2 times the files).
         assert report["load_peak"] < 2 * report["share"] + 32 * 2**20, report
+
+
+def test_a_2_rank_save_loads_on_4_ranks_each_holding_exactly_its_rows(tmp_path):
+    # Rank r of 4 reads only file r mod 2 (the other cannot hold its keys).
+    ckpt = tmp_path / "ckpt"
+    torchrun("checkpoint_memory.py", 2, "save", ckpt, 5000)
+    torchrun("checkpoint_memory.py", 4, "load", ckpt, 5000, tmp_path / "rank")
+    shares = [json.loads((tmp_path / f"rank{r}.json").read_text())["share"] for r in range(4)]
+    assert sum(shares) == 5000 * (8 + 2 * 64 * 4)       # every key once, on its owner
