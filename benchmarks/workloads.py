@@ -1,11 +1,13 @@
-"""The two synthetic throughput workloads of DESIGN.md, generated in memory.
+"""The three synthetic throughput workloads of DESIGN.md, generated in memory.
 
-* ``dlrm``: 13 dense features + 26 one-hot categorical fields (vocabularies
+* `dlrm`: 13 dense features + 26 one-hot categorical fields (vocabularies
   100k x8, 10k x10, 100 x8), dim 16, bottom MLP 512-256-16, dot interaction,
   top MLP 512-256-1.
-* ``wide``: 13 dense features + 300 one-hot fields (50k x50, 5k x100,
+* `wide`: 13 dense features + 300 one-hot fields (50k x50, 5k x100,
   100 x150), dim 8, bottom MLP 64-8, concat of the bottom output and all
   embeddings, top MLP 64-1.
+* `huge`: as `wide` with 1000 one-hot fields (50k x150, 5k x350,
+  100 x500), PICASSO's "up to a thousand feature fields".
 
 Ids follow a Zipf law (exponent 1.1) over each field's vocabulary; the Zipf
 ranks go through a fixed random permutation per field so that hot ids are
@@ -35,16 +37,16 @@ class Workload:
     """One benchmark model and the shape of its data.
 
     Args:
-        name: ``"dlrm"`` or ``"wide"``.
+        name: `"dlrm"`, `"wide"` or `"huge"`.
         vocabs: vocabulary size of each one-hot categorical field, in field
-            order (field ``f`` is column ``C{f+1}``).
+            order (field `f` is column `C{f+1}`).
         dim: embedding dimension of every field.
         bottom: widths of the bottom MLP on the dense features (ReLU between
             layers and after the last one).
         top: widths of the top MLP; the last is 1, followed by a sigmoid.
-        interaction: ``"dot"`` (pairwise dot products of the bottom output
+        interaction: `"dot"` (pairwise dot products of the bottom output
             and the field embeddings, strictly lower triangle, concatenated
-            with the bottom output, as in DLRM) or ``"concat"`` (the bottom
+            with the bottom output, as in DLRM) or `"concat"` (the bottom
             output and all field embeddings flattened side by side).
     """
 
@@ -80,6 +82,14 @@ WORKLOADS = {
     "wide": Workload(
         name="wide",
         vocabs=(50_000,) * 50 + (5_000,) * 100 + (100,) * 150,
+        dim=8,
+        bottom=(64, 8),
+        top=(64, 1),
+        interaction="concat",
+    ),
+    "huge": Workload(
+        name="huge",
+        vocabs=(50_000,) * 150 + (5_000,) * 350 + (100,) * 500,
         dim=8,
         bottom=(64, 8),
         top=(64, 1),
@@ -127,20 +137,20 @@ def _zipf_ids(workload, teacher, rng, rows):
 
 
 def make_batches(workload, batch_size, num_batches, seed=0):
-    """Deterministic training batches of ``workload``.
+    """Deterministic training batches of `workload`.
 
     Args:
-        workload: a ``Workload`` (for example ``WORKLOADS["dlrm"]``).
+        workload: a `Workload` (for example `WORKLOADS["dlrm"]`).
         batch_size: rows per batch.
         num_batches: number of batches.
-        seed: row seed. Batch ``i`` depends only on ``(workload, seed, i,
-            batch_size)``, so a shorter list is a prefix of a longer one; the
+        seed: row seed. Batch `i` depends only on `(workload, seed, i,
+            batch_size)`, so a shorter list is a prefix of a longer one; the
             id permutations and the teacher are fixed per workload.
 
     Returns:
-        A list of ``(dense, ids, labels)``: float32 ``[B, 13]`` standard
-        normal features, int64 ``[B, F]`` ids (``0 <= ids[:, f] <
-        vocabs[f]``) and float32 ``[B]`` 0/1 labels, all C-contiguous.
+        A list of `(dense, ids, labels)`: float32 `[B, 13]` standard
+        normal features, int64 `[B, F]` ids (`0 <= ids[:, f] <
+        vocabs[f]`) and float32 `[B]` 0/1 labels, all C-contiguous.
     """
     teacher = _Teacher(workload)
     return [_batch(workload, teacher, np.random.default_rng([seed, index]), batch_size)
@@ -156,7 +166,7 @@ def _batch(workload, teacher, rng, batch_size):
 
 
 def to_arrow(batches, workload):
-    """All ``batches`` as one table: ``I1..I13`` float32, ``C1..CF`` int64, ``label`` float32."""
+    """All `batches` as one table: `I1..I13` float32, `C1..CF` int64, `label` float32."""
     dense = np.concatenate([batch[0] for batch in batches])
     ids = np.concatenate([batch[1] for batch in batches])
     labels = np.concatenate([batch[2] for batch in batches])
