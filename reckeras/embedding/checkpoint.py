@@ -302,13 +302,16 @@ def _read_index(model, path):
 
     if not isinstance(index, dict):
         raise bad("not a JSON object")
+    # The index's own CRC-32 first: a damaged format_version is damage.
+    recorded = index.get("index_crc32")
+    if recorded is not None and recorded != _index_crc(index):
+        raise bad(f"its CRC-32 is {_index_crc(index)}, the index records {recorded!r}")
     version = index.get("format_version")
     if type(version) is not int or version not in _READABLE_VERSIONS:
         raise CheckpointError(f"{filename} has format_version {version!r}; this reckeras "
                               f"reads {' and '.join(map(str, _READABLE_VERSIONS))}")
-    if version >= 2 and index.get("index_crc32") != _index_crc(index):
-        raise bad(f"its CRC-32 is {_index_crc(index)}, the index records "
-                  f"{index.get('index_crc32')!r}")
+    if version >= 2 and recorded is None:
+        raise bad("it has no index_crc32")
     size = index.get("world_size")
     if not isinstance(size, int) or size < 1:
         raise bad(f"world_size {size!r}")

@@ -124,6 +124,16 @@ def test_a_table_file_of_another_save_is_named(trained, ckpt, tmp_path):
     assert_fails_naming(model, ckpt, target)
 
 
+def test_the_index_of_another_save_is_found(trained, ckpt, tmp_path):
+    model = trained[0]
+    other = str(tmp_path / "other")
+    model.save_checkpoint(other)
+    shutil.copy(os.path.join(other, "index.json"), os.path.join(ckpt, "index.json"))
+    # The first file it checks (the dense one) does not match it.
+    assert_fails_naming(model, ckpt, os.path.join(ckpt, "dense.safetensors"),
+                        "the index is another save's")
+
+
 @pytest.mark.parametrize("fault", [damage.truncate_index, damage.flip_index_checksum])
 def test_a_damaged_index_is_named_and_changes_nothing(trained, ckpt, fault):
     fault(ckpt)
@@ -133,8 +143,17 @@ def test_a_damaged_index_is_named_and_changes_nothing(trained, ckpt, fault):
 def test_an_index_of_another_format_is_refused(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
     index = json.load(open(path))
+    del index["index_crc32"]                 # a format this reckeras does not know
     json.dump({**index, "format_version": 3}, open(path, "w"))
     assert_fails_naming(trained[0], ckpt, path, "format_version 3")
+
+
+def test_a_flipped_format_version_is_damage(trained, ckpt):
+    path = os.path.join(ckpt, "index.json")
+    text = open(path).read()
+    assert '"format_version": 2' in text
+    open(path, "w").write(text.replace('"format_version": 2', '"format_version": 3'))
+    assert_fails_naming(trained[0], ckpt, path, "damaged")
 
 
 def test_a_model_with_other_tables_is_refused(trained, ckpt):
