@@ -401,8 +401,7 @@ def torchrec(workload, batches, warmup, floor=False):
         from torchrec.optim.optimizers import in_backward_optimizer_filter
     except ImportError as error:
         print(f"{workload.name} torchrec skipped: cannot import torchrec ({error}); "
-              f"install it: pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 "
-              f"&& pip install tensordict torchmetrics==1.0.3 pyre-extensions")
+              f"install it: bash scripts/install_bench.sh")
         return None
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
