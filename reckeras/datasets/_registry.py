@@ -7,18 +7,19 @@ import json
 import os
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from tqdm.auto import tqdm
 
-from reckeras.datasets import _synth, taobao
+from reckeras.datasets import _synth, aliccp, taobao
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 
 DATA_DIR = Path(__file__).parent / "data"
 
-# zstd level 9 shrinks the packaged files by about a tenth over the default
-# level at a few seconds of extra build time.
-_COMPRESSION_LEVEL = 9
+# Datasets with a generator module of their own: each name's splits (and
+# their row seeds) and its generator.
+_GENERATED = {
+    taobao.NAME: (taobao.SPLIT_SEEDS, taobao.generate_taobao_synth),
+    aliccp.NAME: (aliccp.SPLIT_SEEDS, aliccp.generate_aliccp_synth),
+}
 
 
 def list() -> builtins.list[str]:  # noqa: A001 - the public name is rk.datasets.list
@@ -30,17 +31,18 @@ def list() -> builtins.list[str]:  # noqa: A001 - the public name is rk.datasets
     Example:
 
     ```python
-    rk.datasets.list()   # ['criteo_synth', 'taobao_synth']
+    rk.datasets.list()   # ['aliccp_synth', 'criteo_synth', 'taobao_synth']
     ```
     """
-    return sorted([*_synth.SPECS, taobao.NAME])
+    return sorted([*_synth.SPECS, *_GENERATED])
 
 
 def _spec(name: str, split: str) -> _synth._SyntheticSpec | None:
-    if name == taobao.NAME:
-        if split not in taobao.SPLIT_SEEDS:
+    if name in _GENERATED:
+        split_seeds, _ = _GENERATED[name]
+        if split not in split_seeds:
             raise ValueError(f"dataset {name!r} has no split {split!r}; its splits "
-                             f"are {builtins.list(taobao.SPLIT_SEEDS)}")
+                             f"are {builtins.list(split_seeds)}")
         return None
     if name not in _synth.SPECS:
         raise ValueError(f"unknown dataset {name!r}; the datasets are {list()}")
@@ -134,29 +136,17 @@ def generate(name: str, rows: int, path: str | os.PathLike, split: str = "train"
                                "/tmp/criteo_synth_5m.parquet")
     ```
     """
-    if name == taobao.NAME:
+    if name in _GENERATED:
         _spec(name, split)
-        return taobao.generate_taobao_synth(rows, path, split=split, seed=seed)
+        _, generator = _GENERATED[name]
+        return generator(rows, path, split=split, seed=seed)
     spec = _spec(name, split)
     if not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows must be a positive int, got {rows!r}")
     row_seed = [spec.split_seeds[split]] + ([] if seed is None else [seed])
     schema = _synth.schema(spec).with_metadata({METADATA_KEY: json.dumps(
         _synth.description(spec, split, rows, seed), sort_keys=True)})
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written under a temporary name so an interrupted run leaves no
-    # truncated file behind.
-    partial = path.with_name(path.name + ".partial")
-    with pq.ParquetWriter(partial, schema, compression="zstd",
-                          compression_level=_COMPRESSION_LEVEL) as writer, \
-            tqdm(total=rows, unit="rows", unit_scale=True,
-                 desc=f"{name}:{split}") as progress:
-        for chunk, start in enumerate(range(0, rows, _synth.CHUNK_ROWS)):
-            table = _synth.chunk_table(spec, row_seed, chunk)
-            table = table.slice(0, min(_synth.CHUNK_ROWS, rows - start))
-            writer.write_table(table.replace_schema_metadata(schema.metadata),
-                               row_group_size=_synth.CHUNK_ROWS)
-            progress.update(table.num_rows)
-    os.replace(partial, path)
+    path = _synth.write_tables(
+        path, schema, _synth.chunks(lambda i: _synth.chunk_table(spec, row_seed, i), rows),
+        rows, f"{name}:{split}")
     return open_files([path], f"{name}:{split}")
