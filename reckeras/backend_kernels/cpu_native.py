@@ -30,11 +30,12 @@ non-tensor, a wrong dtype, a tensor that is not a dense contiguous CPU
 tensor, wrong dims or sizes, and scalars out of range: the C code trusts
 the sizes it is passed. The index *values* (rows, positions, destinations)
 are checked by the C kernels themselves before they touch memory through
-them, which costs 0-4% of a kernel where a torch `aminmax` per index tensor
+them, which costs 0-2% of a kernel where a torch `aminmax` per index tensor
 before the call cost 8-15% (cpu_native.c); the wrapper raises a `ValueError`
-naming the argument, and nothing the caller can see was written. The callers in `hashing`, `hash_table`, `aggregation`,
-`pooling` and `sparse_optimizers` call a kernel where `usable` holds for
-its tensors (dispatch.use_native), and the torch reference otherwise.
+naming the argument, and nothing the caller can see was written. The
+callers in `hashing`, `hash_table`, `aggregation`, `pooling` and
+`sparse_optimizers` call a kernel where `usable` holds for its tensors
+(`dispatch.use_native`), and the torch reference otherwise.
 """
 
 import ctypes

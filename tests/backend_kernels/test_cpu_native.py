@@ -1,4 +1,10 @@
-"""The native CPU kernels against the torch references."""
+"""The native CPU kernels against the torch references, and their sanitized build."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -169,3 +175,92 @@ def test_results_do_not_depend_on_the_thread_count(threads):
     # And the found rows are right: the first half was inserted, the rest is absent.
     found = results[1][2]
     assert bool((found[: n // 2] >= 0).all())
+
+
+# ---- the sanitized build (RECKERAS_NATIVE_SANITIZE=1, scripts/test_sanitized.sh) --------
+
+def asan_runtime() -> str | None:
+    """The compiler's AddressSanitizer runtime, or None where it has none."""
+    try:
+        found = subprocess.run([os.environ.get("CC", "cc"), "-print-file-name=libasan.so"],
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found if os.path.isabs(found) and os.path.exists(found) else None
+
+
+def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def sanitized_env() -> dict:
+    return {**os.environ, "RECKERAS_NATIVE_SANITIZE": "1", "LD_PRELOAD": asan_runtime(),
+            "ASAN_OPTIONS": "detect_leaks=0"}     # CPython leaks by design
+
+
+requires_asan = pytest.mark.skipif(asan_runtime() is None,
+                                   reason="the C compiler has no AddressSanitizer runtime")
+
+# Each case: a call the wrapper refuses, then the same bad argument handed to
+# the C function directly (a size that lies about a tensor), which must abort
+# the process with the sanitizer's report.
+SANITIZER_CASES = {
+    "a row past the table": ("""
+        weights, state = torch.zeros(20, 5), torch.zeros(20, 1)
+        rows, grads = torch.tensor([20]), torch.ones(1, 5)
+        try:
+            cpu_native.apply_update("rowwise_adagrad", weights, state, rows, grads, 0.1, 1e-8)
+        except ValueError as error:
+            print("refused:", error, flush=True)
+        # table_rows 21 for a table of 20 rows: row 20 is written past its end.
+        library.rk_apply_update(2, address(weights), address(state), 1, 5, 21, address(rows),
+                                address(grads), 1, 0.1, 1e-8, 1)
+        """, "ERROR: AddressSanitizer: heap-buffer-overflow"),
+    "a row count that overflows int64": ("""
+        slot_keys, slot_rows = torch.full((4,), -2**63), torch.full((4,), -1)
+        keys, rows = torch.tensor([7]), torch.empty(1, dtype=torch.int64)
+        try:
+            cpu_native.find_or_insert(slot_keys, slot_rows, keys, 2**63 - 1)
+        except ValueError as error:
+            print("refused:", error, flush=True)
+        library.rk_find_or_insert(address(slot_keys), address(slot_rows), 4, address(keys), 1,
+                                  address(rows), 2**63 - 1, 1, 1)
+        """, "runtime error: signed integer overflow"),
+}
+
+
+@requires_asan
+@pytest.mark.parametrize("case", sorted(SANITIZER_CASES))
+def test_the_sanitized_build_catches_what_the_wrappers_refuse(case):
+    calls, report = SANITIZER_CASES[case]
+    # The module alone, by its path: importing the reckeras package would
+    # import Keras, seconds of a sanitized start-up that test nothing here.
+    result = run_python(textwrap.dedent(f"""
+        import ctypes
+        import importlib.util
+        import torch
+        spec = importlib.util.spec_from_file_location("cpu_native", {cpu_native.__file__!r})
+        cpu_native = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cpu_native)
+        library = cpu_native.library()
+        assert "sanitized" in library._name, library._name
+        address = lambda tensor: ctypes.c_void_p(tensor.data_ptr())
+        """) + textwrap.dedent(calls) + 'print("the raw call returned", flush=True)\n',
+        sanitized_env())
+    assert "refused: cpu_native." in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0 and "the raw call returned" not in result.stdout
+    assert report in result.stderr, result.stderr[-3000:]
+
+
+def test_a_sanitized_build_that_cannot_be_built_raises(tmp_path, monkeypatch):
+    # Without a compiler the optimized build falls back to the torch
+    # references; the sanitized one must say so instead of testing nothing.
+    monkeypatch.setattr(cpu_native, "_library", None)      # as before the first call
+    monkeypatch.setattr(cpu_native, "_failed", False)
+    monkeypatch.setenv("RECKERAS_NATIVE_SANITIZE", "1")
+    monkeypatch.setenv("CC", str(tmp_path / "no-cc"))
+    monkeypatch.setenv("RECKERAS_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="RECKERAS_NATIVE_SANITIZE=1 but the sanitized"):
+        cpu_native.library()

@@ -1,0 +1,396 @@
+"""The Python boundary of the native CPU kernels, fuzzed (issue 17, item 4).
+
+Every wrapper of `cpu_native` is called with hypothesis-generated valid
+arguments (empty tensors, ids at the int64 extremes, duplicates), and then
+once for every way of breaking one of them: a wrong dtype, not a tensor, a
+meta tensor, a dim too many or too few, a non-contiguous view, a length off
+by one, an index out of range (negative, at the bound, far past it, the
+int64 extremes), a scalar negative, fractional, a string or past int64. The
+valid call must return what the torch reference of its kernel family
+returns; each broken one must raise the predicted `TypeError` or
+`ValueError`, naming the broken argument, and leave what the caller passed
+unchanged. No call may crash the process: a segfault would
+kill pytest itself, and under scripts/test_sanitized.sh (AddressSanitizer
+and UBSan) any read or write out of bounds aborts it.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reckeras.backend_kernels import cpu_native, hash_table, sparse_optimizers
+from reckeras.backend_kernels.aggregation import aggregate_row_grads_reference
+from reckeras.backend_kernels.hashing import initial_rows_reference, mix64_reference
+from reckeras.backend_kernels.pooling import pooled_lookup_reference
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(),
+                                reason="no C compiler: native kernels unavailable")
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+# Each example makes the valid call and every broken one (~40): few examples suffice.
+FUZZ = settings(max_examples=25, deadline=None, print_blob=True)
+
+int64s = st.integers(INT64_MIN, INT64_MAX)
+WRONG_DTYPES = {torch.int64: [torch.int32, torch.float64, torch.bool, torch.float32],
+                torch.float32: [torch.float64, torch.int64, torch.bool, torch.float16]}
+
+
+# ---- breaking one argument -----------------------------------------------------------
+
+def _strided(tensor):
+    """The same values in a non-contiguous view (contiguous when too small to differ)."""
+    if tensor.dim() == 1:
+        return tensor.repeat_interleave(2)[::2]
+    return tensor.t().contiguous().t()
+
+
+def tensor_breaks(tensor):
+    """(how, error, broken value) for the ways any tensor argument can be wrong."""
+    breaks = [(f"as {dtype}", TypeError, tensor.to(dtype)) for dtype in WRONG_DTYPES[tensor.dtype]]
+    breaks += [("a list", TypeError, tensor.tolist()),
+               ("a numpy array", TypeError, tensor.numpy()),
+               ("on the meta device", ValueError,
+                torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")),
+               ("with a dim more", ValueError, tensor.unsqueeze(0)),
+               ("with a dim less", ValueError,
+                tensor.reshape(-1) if tensor.dim() == 2 else tensor.sum())]
+    view = _strided(tensor)
+    if not view.is_contiguous():
+        breaks.append(("a non-contiguous view", ValueError, view))
+    return breaks
+
+
+def length_breaks(tensor):
+    """A per-id tensor one entry too short or too long."""
+    longer = torch.cat([tensor, tensor.new_zeros((1,) + tuple(tensor.shape[1:]))])
+    breaks = [("one entry longer", ValueError, longer)]
+    if tensor.shape[0]:
+        breaks.append(("one entry shorter", ValueError, tensor[:-1].clone()))
+    return breaks
+
+
+def index_breaks(draw, tensor, bound):
+    """An index tensor with one entry outside [0, bound)."""
+    if not tensor.numel():
+        return []
+    breaks = []
+    for value in (-1, bound, bound + draw(st.integers(1, 2**40)), INT64_MAX, INT64_MIN):
+        broken = tensor.clone()
+        broken[draw(st.integers(0, tensor.numel() - 1))] = value
+        breaks.append((f"holding {value} (bound {bound})", ValueError, broken))
+    return breaks
+
+
+def count_breaks(minimum=0):
+    """A count that is negative, fractional, a string or past int64."""
+    return [(f"{value!r}", error, value) for value, error in
+            ((minimum - 1, ValueError), (2**63, ValueError), (1.5, TypeError),
+             ("3", TypeError), (None, TypeError))]
+
+
+def assert_all_refused(kernel, args, breaks, *must_stay):
+    """Every way in `breaks` ({name: [(how, error, value)]}) to break one argument
+    of the valid call `args` raises its error, naming the argument, and leaves
+    the tensors `must_stay` unchanged."""
+    before = [t.clone() for t in must_stay]
+    for name, ways in breaks.items():
+        for how, error, value in ways:
+            what = f"{name} {how}: expected {error.__name__}"
+            try:
+                kernel(**{**args, name: value})
+            except error as raised:
+                assert name in str(raised), (what, str(raised))
+            else:
+                pytest.fail(f"{what}, but the call returned")
+            for tensor, original in zip(must_stay, before):
+                assert torch.equal(tensor, original), what
+
+
+def int64_tensor(draw, values, size):
+    return torch.tensor(draw(st.lists(values, min_size=size, max_size=size)), dtype=torch.int64)
+
+
+# ---- table_keys ----------------------------------------------------------------------
+
+@FUZZ
+@given(st.data())
+def test_table_keys(data):
+    draw = data.draw
+    counts = torch.tensor(draw(st.lists(st.integers(0, 12), max_size=6)), dtype=torch.int64)
+    total = int(counts.sum())
+    args = {"ids": int64_tensor(draw, int64s, total),
+            "salt": int64_tensor(draw, int64s, counts.numel()),
+            "slot_counts": counts}
+    count_values = []
+    if counts.numel():
+        for how, edit in (("summing to one more", lambda c: c.__setitem__(0, c[0] + 1)),
+                          ("with a negative count", lambda c: c.__setitem__(-1, -1)),
+                          ("with an int64 maximum", lambda c: c.__setitem__(0, INT64_MAX))):
+            broken = counts.clone()
+            edit(broken)
+            count_values.append((how, ValueError, broken))
+    if counts.numel() >= 2:     # the same sum, one count negative
+        broken = counts.clone()
+        broken[0] += broken[1] + 1
+        broken[1] = -1
+        count_values.append(("a negative count, the same sum", ValueError, broken))
+    assert_all_refused(cpu_native.table_keys, args, {
+        "ids": tensor_breaks(args["ids"]),
+        "salt": tensor_breaks(args["salt"]) + length_breaks(args["salt"]),
+        "slot_counts": tensor_breaks(counts) + count_values})
+    expected = mix64_reference(args["ids"]) ^ args["salt"].repeat_interleave(counts)
+    assert torch.equal(cpu_native.table_keys(**args), expected)
+
+
+# ---- initial_rows --------------------------------------------------------------------
+
+@FUZZ
+@given(st.data())
+def test_initial_rows(data):
+    draw = data.draw
+    args = {"keys": int64_tensor(draw, int64s, draw(st.integers(0, 40))),
+            "dim": draw(st.integers(0, 20)), "scale": draw(st.floats(1e-4, 10.0)),
+            "seed": draw(int64s)}
+    assert_all_refused(cpu_native.initial_rows, args, {
+        "keys": tensor_breaks(args["keys"]),
+        "dim": count_breaks(),
+        "seed": [("past int64", ValueError, 2**63), ("below int64", ValueError, -2**63 - 1),
+                 ("a float", TypeError, 7.0), ("a string", TypeError, "7")],
+        "scale": [("a string", TypeError, "0.5"), ("None", TypeError, None),
+                  ("complex", TypeError, 1j), ("a tensor", TypeError, torch.ones(2))]})
+    assert torch.equal(cpu_native.initial_rows(**args), initial_rows_reference(**args))
+
+
+# ---- find_or_insert ------------------------------------------------------------------
+
+def _hash_map(draw):
+    """A map holding some keys, as the torch reference builds it."""
+    stored = int64_tensor(draw, int64s, draw(st.integers(0, 20)))
+    slot_keys, slot_rows = hash_table.new_slots(hash_table.capacity_for(stored.numel() + 40))
+    _, num_rows = hash_table.find_or_insert_reference(slot_keys, slot_rows, stored, 0)
+    return slot_keys, slot_rows, stored, num_rows
+
+
+@FUZZ
+@given(st.data())
+def test_find_or_insert(data):
+    draw = data.draw
+    slot_keys, slot_rows, stored, num_rows = _hash_map(draw)
+    # Keys already stored, new ones, duplicates, EMPTY itself and its neighbour.
+    keys = torch.cat([int64_tensor(draw, int64s, draw(st.integers(0, 30))), stored[:5],
+                      torch.tensor(draw(st.lists(st.sampled_from(
+                          [INT64_MIN, INT64_MIN + 1, INT64_MAX, 0, -1]), max_size=4)),
+                          dtype=torch.int64)])
+    insert = draw(st.booleans())
+    args = {"slot_keys": slot_keys, "slot_rows": slot_rows, "keys": keys,
+            "num_rows": num_rows, "insert": insert}
+    num_rows_breaks = count_breaks()
+    if keys.numel():
+        num_rows_breaks.append(("so large new rows overflow int64", ValueError, INT64_MAX))
+    assert_all_refused(cpu_native.find_or_insert, args, {
+        "slot_keys": tensor_breaks(slot_keys) + length_breaks(slot_keys),
+        "slot_rows": tensor_breaks(slot_rows) + length_breaks(slot_rows),
+        "keys": tensor_breaks(keys), "num_rows": num_rows_breaks}, slot_keys, slot_rows)
+    found_before = hash_table.find_reference(slot_keys, slot_rows, keys)
+    rows, count = cpu_native.find_or_insert(**args)
+    if not insert:
+        assert torch.equal(rows, found_before) and count == num_rows
+        return
+    # Stored keys keep their rows; the new distinct keys get num_rows.. count-1.
+    present = found_before >= 0
+    assert torch.equal(rows[present], found_before[present])
+    new_keys = torch.where(keys == INT64_MIN, INT64_MIN + 1, keys)[~present]
+    assert count == num_rows + torch.unique(new_keys).numel()
+    row_of = {}
+    for key, row in zip(new_keys.tolist(), rows[~present].tolist()):
+        assert row_of.setdefault(key, row) == row
+    assert sorted(row_of.values()) == list(range(num_rows, count))
+    # The reference reads the map the kernel wrote.
+    assert torch.equal(hash_table.find_reference(slot_keys, slot_rows, keys), rows)
+
+
+@pytest.mark.parametrize("capacity", [0, 12])
+def test_the_capacity_must_be_a_power_of_two(capacity):
+    # The C code masks slots with capacity - 1: any other capacity reads past the map.
+    slot_keys = torch.full((capacity,), hash_table.EMPTY)
+    with pytest.raises(ValueError, match="power of two"):
+        cpu_native.find_or_insert(slot_keys, torch.full((capacity,), -1), torch.arange(3), 0)
+
+
+def _returns_within(fn, seconds):
+    """fn()'s result, or a failure if it is still running after `seconds`."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn()
+        except Exception as error:       # noqa: BLE001 - handed to the test
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, daemon=True)  # a stuck C loop cannot be joined
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), "the kernel is still probing a full map"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_a_full_map_is_an_error_not_a_hang():
+    slot_keys, slot_rows = hash_table.new_slots(8)
+    rows, count = cpu_native.find_or_insert(slot_keys, slot_rows, torch.arange(8), 0)
+    assert count == 8 and sorted(rows.tolist()) == list(range(8))
+    absent = torch.tensor([100, 3])
+    found, _ = _returns_within(
+        lambda: cpu_native.find_or_insert(slot_keys, slot_rows, absent, 8, insert=False), 30)
+    assert found.tolist() == [-1, int(rows[3])]
+    with pytest.raises(ValueError, match="full"):
+        _returns_within(lambda: cpu_native.find_or_insert(slot_keys, slot_rows, absent, 8), 30)
+
+
+# ---- pool_forward and aggregate -------------------------------------------------------
+
+def forward_index(draw, num_unique, num_slots):
+    """A forward index of n ids into num_unique rows and num_slots slots, and
+    every way to break one of its three tensors."""
+    n = draw(st.integers(0, 40)) if num_unique and num_slots else 0
+    unique_index = int64_tensor(draw, st.integers(0, max(num_unique - 1, 0)), n)
+    destination = int64_tensor(draw, st.integers(0, max(num_slots - 1, 0)), n)
+    id_weight = torch.tensor(draw(st.lists(st.floats(-2.0, 2.0, width=32), min_size=n,
+                                           max_size=n)), dtype=torch.float32)
+    index = {"unique_index": unique_index, "destination": destination, "id_weight": id_weight}
+    breaks = {name: tensor_breaks(tensor) + length_breaks(tensor)
+              for name, tensor in index.items()}
+    breaks["unique_index"] += index_breaks(draw, unique_index, num_unique)
+    breaks["destination"] += index_breaks(draw, destination, num_slots)
+    return index, breaks
+
+
+@FUZZ
+@given(st.data())
+def test_pool_forward(data):
+    draw = data.draw
+    num_rows, dim = draw(st.integers(1, 20)), draw(st.integers(1, 9))
+    weights = torch.randn(num_rows, dim, generator=torch.Generator().manual_seed(num_rows))
+    unique_rows = int64_tensor(draw, st.integers(0, num_rows - 1), draw(st.integers(0, 12)))
+    num_slots = draw(st.integers(0, 16))
+    index, index_ways = forward_index(draw, unique_rows.numel(), num_slots)
+    args = {"weights": weights, "unique_rows": unique_rows, **index, "num_slots": num_slots}
+    assert_all_refused(cpu_native.pool_forward, args, {
+        "weights": tensor_breaks(weights),
+        "unique_rows": tensor_breaks(unique_rows) + index_breaks(draw, unique_rows, num_rows),
+        **index_ways, "num_slots": count_breaks()})
+    torch.testing.assert_close(cpu_native.pool_forward(**args), pooled_lookup_reference(**args),
+                               rtol=1e-5, atol=1e-5)
+
+
+@FUZZ
+@given(st.data())
+def test_aggregate(data):
+    draw = data.draw
+    num_slots, dim = draw(st.integers(0, 16)), draw(st.integers(1, 9))
+    grad_out = torch.randn(num_slots, dim, generator=torch.Generator().manual_seed(num_slots))
+    num_unique = draw(st.integers(0, 12))
+    index, index_ways = forward_index(draw, num_unique, num_slots)
+    args = {"grad_out": grad_out, **index, "num_unique": num_unique}
+    assert_all_refused(cpu_native.aggregate, args, {
+        "grad_out": tensor_breaks(grad_out), **index_ways, "num_unique": count_breaks()})
+    torch.testing.assert_close(cpu_native.aggregate(**args),
+                               aggregate_row_grads_reference(**args), rtol=1e-5, atol=1e-5)
+
+
+def test_out_of_range_destination_on_many_threads():
+    # Large enough to split over threads: each thread skips the other
+    # threads' destinations, and every thread must still see the bad one.
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        n = 4 * 16384
+        weights, unique_rows = torch.randn(10, 4), torch.arange(10)
+        unique_index = torch.randint(0, 10, (n,))
+        destination = torch.randint(0, n, (n,))
+        destination[n // 2] = n
+        with pytest.raises(ValueError, match="destination"):
+            cpu_native.pool_forward(weights, unique_rows, unique_index, destination,
+                                    torch.ones(n), n)
+        unique_index[-1] = -1
+        with pytest.raises(ValueError, match="unique_index"):
+            cpu_native.aggregate(torch.randn(n + 1, 4), unique_index, destination.clamp(max=n - 1),
+                                 torch.ones(n), 10)
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---- unique_rows ---------------------------------------------------------------------
+
+@FUZZ
+@given(st.data())
+def test_unique_rows(data):
+    draw = data.draw
+    num_rows = draw(st.integers(0, 60))
+    rows = int64_tensor(draw, st.integers(0, max(num_rows - 1, 0)),
+                   draw(st.integers(0, 50)) if num_rows else 0)
+    args = {"rows": rows, "num_rows": num_rows}
+    assert_all_refused(cpu_native.unique_rows, args, {
+        "rows": tensor_breaks(rows) + index_breaks(draw, rows, num_rows),
+        "num_rows": count_breaks() + ([("smaller than a row", ValueError, int(rows.max()))]
+                                      if rows.numel() else [])})
+    # The refused calls left the per-thread position buffer clean: this one is right.
+    unique, unique_index = cpu_native.unique_rows(**args)
+    assert unique.tolist() == list(dict.fromkeys(rows.tolist()))      # first appearance
+    assert torch.equal(unique[unique_index], rows)
+
+
+# ---- apply_update --------------------------------------------------------------------
+
+KINDS = {"sgd": sparse_optimizers.SGD, "adagrad": sparse_optimizers.ADAGRAD,
+         "rowwise_adagrad": sparse_optimizers.ROWWISE_ADAGRAD}
+
+
+@FUZZ
+@given(st.data())
+def test_apply_update(data):
+    draw = data.draw
+    kind = draw(st.sampled_from(sorted(KINDS)))
+    num_rows, dim = draw(st.integers(1, 12)), draw(st.integers(1, 8))
+    generator = torch.Generator().manual_seed(num_rows * 10 + dim)
+    weights = torch.randn(num_rows, dim, generator=generator)
+    width = sparse_optimizers.state_width(KINDS[kind], dim)
+    state = torch.rand(num_rows, width, generator=generator)
+    rows = torch.randperm(num_rows, generator=generator)[:draw(st.integers(0, num_rows))]
+    grads = torch.randn(rows.numel(), dim, generator=generator)
+    args = {"kind": kind, "weights": weights, "state": state, "rows": rows, "grads": grads,
+            "lr": draw(st.floats(1e-3, 1.0)), "eps": 1e-8}
+    state_breaks = tensor_breaks(state)
+    if kind != "sgd":
+        state_breaks += [("one column wider", ValueError, torch.rand(num_rows, width + 1)),
+                         ("one row short", ValueError, torch.rand(num_rows - 1, width))]
+    assert_all_refused(cpu_native.apply_update, args, {
+        "kind": [("adam", ValueError, "adam"), ("an int", ValueError, 0)],
+        "weights": tensor_breaks(weights),
+        "state": state_breaks,
+        "rows": tensor_breaks(rows) + index_breaks(draw, rows, num_rows),
+        "grads": tensor_breaks(grads) + length_breaks(grads),
+        "lr": [("a string", TypeError, "0.1")], "eps": [("None", TypeError, None)]},
+        weights, state)
+    expected_weights, expected_state = weights.clone(), state.clone()
+    sparse_optimizers.update_reference(KINDS[kind], expected_weights, expected_state, rows,
+                                       grads, args["lr"], args["eps"])
+    cpu_native.apply_update(**args)
+    torch.testing.assert_close(weights, expected_weights)
+    torch.testing.assert_close(state, expected_state)
+
+
+def test_usable_only_for_the_dtypes_the_kernels_read():
+    # dispatch.use_native asks usable(): an int32 index tensor goes to the
+    # torch reference, not to a C loop reading 8 bytes an entry.
+    assert cpu_native.usable(torch.zeros(4, 8), torch.arange(4))
+    assert not cpu_native.usable(torch.arange(4, dtype=torch.int32))
+    assert not cpu_native.usable(torch.zeros(4, dtype=torch.bool))
+    assert not cpu_native.usable(torch.zeros(4, dtype=torch.float64))
+    assert not cpu_native.usable(torch.empty(4, device="meta"))
+    assert not cpu_native.usable(torch.from_numpy(np.arange(8))[::2])
