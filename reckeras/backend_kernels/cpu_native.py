@@ -57,7 +57,7 @@ _FLAGS = ["-fPIC", "-shared", "-std=gnu99"]
 _OPTIMIZED = ["-O3"]
 # -O1 keeps the reports' stack traces readable; -fno-sanitize-recover makes
 # undefined behaviour abort like a memory error instead of printing and going on.
-SANITIZE_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+_SANITIZE_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
                   "-fno-sanitize-recover=all"]
 _lock = threading.Lock()
 _library = None
@@ -126,7 +126,7 @@ def _compile() -> ctypes.CDLL:
     if sanitizing():
         # No fallback: a sanitized run that quietly lost OpenMP (or the
         # sanitizers) would test something else than it says.
-        target = _build(_FLAGS + SANITIZE_FLAGS + ["-fopenmp"])
+        target = _build(_FLAGS + _SANITIZE_FLAGS + ["-fopenmp"])
     else:
         try:
             # OpenMP puts the parallel loops on torch's own threads (cpu_native.c).
@@ -169,7 +169,7 @@ def library() -> ctypes.CDLL | None:
         return _library
     with _lock:
         if _library is None and not _failed:
-            if os.environ.get("RECKERAS_NATIVE", "1") == "0" and not sanitizing():
+            if os.environ.get("RECKERAS_NATIVE", "1") == "0":
                 _failed = True
                 return None
             try:
@@ -237,9 +237,8 @@ def usable(*tensors: torch.Tensor) -> bool:
 # Each is a few attribute reads (~0.4 us a tensor): they run on every call.
 # (`is_cpu`, not `device.type`: building the device object costs 0.4 us alone.)
 
-def _tensor(kernel: str, name: str, value: object, dtype: torch.dtype,
-            dims: int) -> torch.Tensor:
-    """`value` if it is a dense contiguous CPU tensor of `dtype` and `dims` dims."""
+def _tensor(kernel: str, name: str, value: object, dtype: torch.dtype, dims: int) -> None:
+    """Raises unless `value` is a dense contiguous CPU tensor of `dtype` and `dims` dims."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"cpu_native.{kernel}: {name} must be a torch.Tensor, got "
                         f"{type(value).__name__}")
@@ -255,7 +254,6 @@ def _tensor(kernel: str, name: str, value: object, dtype: torch.dtype,
     if not value.is_contiguous():
         raise ValueError(f"cpu_native.{kernel}: {name} must be contiguous, got strides "
                          f"{value.stride()} for shape {tuple(value.shape)}")
-    return value
 
 
 def _integer(kernel: str, name: str, value: object, low: int = 0,
