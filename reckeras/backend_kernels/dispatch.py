@@ -170,7 +170,7 @@ class TritonKernels:
     Example:
 
     ```python
-    _triton = TritonKernels(globals(), {"_MISSING_ID": -1})
+    _triton = TritonKernels(globals(), {"_SCALE": 2})
 
     def copy_triton(src):
         ns = _triton.ready()
@@ -259,26 +259,6 @@ def reduce_max(x: "tl.tensor", axis: constexpr) -> "tl.tensor":
     ```
     """
     return tl.reduce(x, axis, tl.standard._elementwise_max)
-
-
-@kernel
-def cumulative_sum(x: "tl.tensor", axis: constexpr) -> "tl.tensor":
-    """`tl.cumsum` inside a kernel, in compiled and interpreted mode alike.
-
-    Args:
-        x: the block to scan.
-        axis: the axis scanned.
-
-    Returns:
-        The inclusive prefix sums.
-
-    Example:
-
-    ```python
-    rank = cumulative_sum(present.to(tl.int64), 0) - 1
-    ```
-    """
-    return tl.associative_scan(x, axis, tl.standard._sum_combine)
 
 
 _triton = TritonKernels(globals())

@@ -7,16 +7,20 @@ feature), so a batch needs one launch per kind, whatever the number of
 features:
 
 * `bucketize(values, boundaries)`: `[F, n]` floats -> the number of
-  `boundaries[f]` that are `<= value`; NaN -> `MISSING_ID`; +inf falls in the
-  last bucket of its feature.
+  `boundaries[f]` that are `<= value`; NaN -> the feature's missing bucket,
+  one past its last; +inf falls in the last bucket of its feature.
 * `cross(columns, members)`: `hashing.hash_combine_reference` of 2 or 3 of
   the `[S, n]` id columns per cross feature.
 * `hash_into_buckets(ids, buckets)`: `mix64(id) mod buckets[f]` where
   `buckets[f] > 0`, the id unchanged where it is 0.
-* `pack_sequences(flat, width_offsets, buckets, batch)`: the padded
-  `[B, max_len]` sequences of all sequence features -> one packed bag per
-  (feature, example), the padding dropped and the ids hashed as
-  `hash_into_buckets` does.
+* `pack_sequences(flat, lengths, width_offsets, buckets, batch)`: the
+  left-aligned `[B, max_len]` rows of all sequence features and their
+  lengths -> one packed bag per (feature, example), the positions past each
+  row's length dropped and the ids hashed as `hash_into_buckets` does (and
+  the rows' per-id weights packed alike).
+
+No id value is reserved: every int64 is an id, and a row's length, never a
+padding value, says which positions hold one.
 
 CUDA tensors run the Triton kernels, CPU tensors the torch references
 (`dispatch.use_triton`); both give identical integers.
@@ -26,12 +30,10 @@ import torch
 
 from reckeras import ragged
 from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               cumulative_sum, kernel, reduce_sum,
-                                               use_triton)
+                                               kernel, reduce_sum, use_triton)
 from reckeras.backend_kernels.hashing import (COMBINE, _mix64_bits,
                                               hash_combine_reference, mix64_reference)
 
-MISSING_ID = -1            # a missing single-valued id; the padding of sequences
 FLOAT32_MAX = torch.finfo(torch.float32).max
 BLOCK = 1024
 BLOCK_ROWS = 128           # bucketize: values per program
@@ -85,7 +87,9 @@ def bucketize_reference(values: torch.Tensor, boundaries: torch.Tensor) -> torch
     # +inf is clamped below the +inf padding of shorter boundary rows.
     buckets = torch.searchsorted(boundaries, values.clamp(max=FLOAT32_MAX).contiguous(),
                                  right=True)
-    return torch.where(torch.isnan(values), MISSING_ID, buckets)
+    missing_bucket = (boundaries <= FLOAT32_MAX).sum(dim=1) + 1      # [F]
+    shape = (-1,) + (1,) * (values.dim() - 1)
+    return torch.where(torch.isnan(values), missing_bucket.view(shape), buckets)
 
 
 def cross_reference(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
@@ -115,13 +119,15 @@ def cross_reference(columns: torch.Tensor, members: torch.Tensor) -> torch.Tenso
     return out
 
 
-def pack_sequences_reference(flat: torch.Tensor, width_offsets: torch.Tensor,
-                             buckets: torch.Tensor,
-                             batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_sequences_reference(flat: torch.Tensor, lengths: torch.Tensor,
+                             width_offsets: torch.Tensor, buckets: torch.Tensor,
+                             batch: int, weights: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The torch reference of `pack_sequences`: what CPU tensors run.
 
     Args:
-        flat, width_offsets, buckets, batch: as for `pack_sequences`.
+        flat, lengths, width_offsets, buckets, batch, weights: as for
+            `pack_sequences`.
 
     Returns:
         What `pack_sequences` returns, bit for bit the same on either route.
@@ -129,21 +135,24 @@ def pack_sequences_reference(flat: torch.Tensor, width_offsets: torch.Tensor,
     Example:
 
     ```python
-    pack_sequences_reference(flat, width_offsets, buckets, batch)
-    # == pack_sequences(flat, width_offsets, buckets, batch)
+    pack_sequences_reference(flat, lengths, width_offsets, buckets, batch)
+    # == pack_sequences(flat, lengths, width_offsets, buckets, batch)
     ```
     """
-    widths = width_offsets[1:] - width_offsets[:-1]
-    present = flat != MISSING_ID
-    ids = flat
+    widths = (width_offsets[1:] - width_offsets[:-1]).repeat_interleave(batch)
+    row_starts = ragged.lengths_to_offsets(widths)
+    # The position of every element in its row, against the row's length.
+    position = torch.arange(flat.numel(), device=flat.device) \
+        - row_starts[:-1].repeat_interleave(widths, output_size=flat.numel())
+    present = position < lengths.repeat_interleave(widths, output_size=flat.numel())
+    ids = flat[present]
+    offsets = ragged.lengths_to_offsets(lengths)
     if bool((buckets > 0).any()):               # [F]: a few features, not the ids
-        modulus = buckets.repeat_interleave(widths * batch, output_size=flat.numel())
+        feature_ids = offsets[::batch].diff() if batch else torch.zeros_like(buckets)
+        modulus = buckets.repeat_interleave(feature_ids, output_size=ids.numel())
         ids = torch.where(modulus > 0,
-                          mix64_reference(flat).remainder_(modulus.clamp(min=1)), flat)
-    row_starts = ragged.lengths_to_offsets(widths.repeat_interleave(batch))
-    seen = ragged.lengths_to_offsets(present)      # present ids before each position
-    lengths = seen.index_select(0, row_starts[1:]) - seen.index_select(0, row_starts[:-1])
-    return ids[present], ragged.lengths_to_offsets(lengths)
+                          mix64_reference(ids).remainder_(modulus.clamp(min=1)), ids)
+    return ids, offsets, None if weights is None else weights[present]
 
 
 # ---- Triton kernels -----------------------------------------------------------------
@@ -175,12 +184,15 @@ def _bucketize_kernel(values_ptr, boundaries_ptr, out_ptr, per_feature, total, w
     finite = tl.where(value > _FLOAT32_MAX, _FLOAT32_MAX, value)   # NaN stays NaN
     row = (offs // per_feature) * width
     count = tl.full([BLOCK_ROWS], 0, tl.int64)
+    real = tl.full([BLOCK_ROWS], 0, tl.int64)          # boundaries that are not padding
     for first in range(0, width, BLOCK_BOUNDARIES):
         k = first + tl.arange(0, BLOCK_BOUNDARIES)
         valid = live[:, None] & (k < width)[None, :]
-        bound = tl.load(boundaries_ptr + row[:, None] + k[None, :], mask=valid, other=0.0)
+        bound = tl.load(boundaries_ptr + row[:, None] + k[None, :], mask=valid,
+                        other=float("inf"))
         count += reduce_sum((valid & (bound <= finite[:, None])).to(tl.int64), 1)
-    count = tl.where(value != value, _MISSING_ID, count)          # NaN
+        real += reduce_sum((bound <= _FLOAT32_MAX).to(tl.int64), 1)
+    count = tl.where(value != value, real + 1, count)             # NaN: missing bucket
     tl.store(out_ptr + offs, count, mask=live)
 
 
@@ -212,39 +224,26 @@ def _sequence_row(width_offsets_ptr, row, batch):
 
 
 @kernel(do_not_specialize=("batch",))
-def _count_present_kernel(flat_ptr, width_offsets_ptr, lengths_ptr, batch,
-                          BLOCK_L: constexpr):
+def _pack_sequences_kernel(flat_ptr, lengths_ptr, width_offsets_ptr, buckets_ptr,
+                           offsets_ptr, out_ptr, weights_ptr, weights_out_ptr, batch,
+                           HAS_WEIGHTS: constexpr, BLOCK_L: constexpr):
     row = tl.program_id(0).to(tl.int64)
-    _, start, width = _sequence_row(width_offsets_ptr, row, batch)
-    count = tl.full([BLOCK_L], 0, tl.int64)
-    for first in range(0, width, BLOCK_L):
-        position = first + tl.arange(0, BLOCK_L)
-        value = tl.load(flat_ptr + start + position, mask=position < width,
-                        other=_MISSING_ID)
-        count += (value != _MISSING_ID).to(tl.int64)
-    tl.store(lengths_ptr + row, reduce_sum(count, 0))
-
-
-@kernel(do_not_specialize=("batch",))
-def _pack_sequences_kernel(flat_ptr, width_offsets_ptr, buckets_ptr, offsets_ptr,
-                           out_ptr, batch, BLOCK_L: constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    feature, start, width = _sequence_row(width_offsets_ptr, row, batch)
+    feature, start, _ = _sequence_row(width_offsets_ptr, row, batch)
     buckets = tl.load(buckets_ptr + feature)
+    length = tl.load(lengths_ptr + row)
     destination = tl.load(offsets_ptr + row)
-    for first in range(0, width, BLOCK_L):
+    for first in range(0, length, BLOCK_L):
         position = first + tl.arange(0, BLOCK_L)
-        value = tl.load(flat_ptr + start + position, mask=position < width,
-                        other=_MISSING_ID)
-        present = value != _MISSING_ID
-        rank = cumulative_sum(present.to(tl.int64), 0) - 1
-        tl.store(out_ptr + destination + rank, _into_buckets(value, buckets),
+        present = position < length
+        value = tl.load(flat_ptr + start + position, mask=present, other=0)
+        tl.store(out_ptr + destination + position, _into_buckets(value, buckets),
                  mask=present)
-        destination += reduce_sum(present.to(tl.int64), 0)
+        if HAS_WEIGHTS:
+            weight = tl.load(weights_ptr + start + position, mask=present, other=0.0)
+            tl.store(weights_out_ptr + destination + position, weight, mask=present)
 
 
-_triton = TritonKernels(globals(), {"_MISSING_ID": MISSING_ID, "_COMBINE": COMBINE,
-                                   "_FLOAT32_MAX": FLOAT32_MAX})
+_triton = TritonKernels(globals(), {"_COMBINE": COMBINE, "_FLOAT32_MAX": FLOAT32_MAX})
 
 
 def hash_into_buckets_triton(ids: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
@@ -326,13 +325,15 @@ def cross_triton(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
     return out.view(members.shape[0], *columns.shape[1:])
 
 
-def pack_sequences_triton(flat: torch.Tensor, width_offsets: torch.Tensor,
-                          buckets: torch.Tensor,
-                          batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`pack_sequences` on CUDA tensors: a count kernel, then the pack kernel.
+def pack_sequences_triton(flat: torch.Tensor, lengths: torch.Tensor,
+                          width_offsets: torch.Tensor, buckets: torch.Tensor,
+                          batch: int, weights: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`pack_sequences` on CUDA tensors: one program per row.
 
     Args:
-        flat, width_offsets, buckets, batch: as for `pack_sequences`.
+        flat, lengths, width_offsets, buckets, batch, weights: as for
+            `pack_sequences`.
 
     Returns:
         What `pack_sequences` returns, bit for bit the same on either route.
@@ -340,23 +341,23 @@ def pack_sequences_triton(flat: torch.Tensor, width_offsets: torch.Tensor,
     Example:
 
     ```python
-    pack_sequences_triton(flat, width_offsets, buckets, batch)
-    # == pack_sequences(flat, width_offsets, buckets, batch)
+    pack_sequences_triton(flat, lengths, width_offsets, buckets, batch)
+    # == pack_sequences(flat, lengths, width_offsets, buckets, batch)
     ```
     """
     ns = _triton.ready()
-    flat, width_offsets = flat.contiguous(), width_offsets.contiguous()
-    rows = (width_offsets.numel() - 1) * batch
-    lengths = torch.zeros(rows, dtype=torch.int64, device=flat.device)
-    if rows:
-        ns["_count_present_kernel"][(rows,)](flat, width_offsets, lengths, batch,
-                                             BLOCK_L=BLOCK_L)
+    flat, lengths = flat.contiguous(), lengths.contiguous()
     offsets = ragged.lengths_to_offsets(lengths)
     values = torch.empty(int(offsets[-1]), dtype=torch.int64, device=flat.device)
+    packed_weights = None if weights is None else \
+        torch.empty(values.numel(), dtype=weights.dtype, device=flat.device)
     if values.numel():
-        ns["_pack_sequences_kernel"][(rows,)](flat, width_offsets, buckets.contiguous(),
-                                              offsets, values, batch, BLOCK_L=BLOCK_L)
-    return values, offsets
+        ns["_pack_sequences_kernel"][(lengths.numel(),)](
+            flat, lengths, width_offsets.contiguous(), buckets.contiguous(), offsets,
+            values, flat if weights is None else weights.contiguous(),
+            values if weights is None else packed_weights, batch,
+            HAS_WEIGHTS=weights is not None, BLOCK_L=BLOCK_L)
+    return values, offsets, packed_weights
 
 
 # ---- public entry points -------------------------------------------------------------
@@ -397,14 +398,14 @@ def bucketize(values: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
         int64 like `values`: the number of boundaries of the feature that
         are `<= value` (`torch.searchsorted(..., right=True)`), so
         `len(boundaries[f]) + 1` buckets; +inf is in the last one, -inf in
-        bucket 0 and NaN gives `MISSING_ID`.
+        bucket 0 and NaN in the missing bucket `len(boundaries[f]) + 1`.
 
     Example:
 
     ```python
     boundaries = torch.tensor([[0.0, 1.0], [5.0, float("inf")]])
     bucketize(torch.tensor([[-3.0, 1.0], [float("nan"), float("inf")]]), boundaries)
-    # [[0, 2], [-1, 1]]
+    # [[0, 2], [2, 1]]
     ```
     """
     if use_triton(values):
@@ -438,38 +439,46 @@ def cross(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
     return cross_reference(columns, members)
 
 
-def pack_sequences(flat: torch.Tensor, width_offsets: torch.Tensor, buckets: torch.Tensor,
-                   batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packs the padded sequences of several features into bags.
+def pack_sequences(flat: torch.Tensor, lengths: torch.Tensor, width_offsets: torch.Tensor,
+                   buckets: torch.Tensor, batch: int, weights: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Packs the left-aligned rows of several sequence features into bags.
 
-    Feature `f` holds `batch` rows of `w_f` ids, padded with `MISSING_ID`
-    wherever the row has no id; the features' `[batch, w_f]` blocks are
+    Feature `f` holds `batch` rows of `w_f` positions; row `r` holds ids at
+    its first `lengths[r]` positions, and whatever the others hold is not
+    read (no id value is reserved). The features' `[batch, w_f]` blocks are
     flattened and concatenated, feature after feature, into `flat`.
 
     Args:
-        flat: int64 `[batch * sum(w_f)]`, the padded rows of all features.
+        flat: int64 `[batch * sum(w_f)]`, the rows of all features.
+        lengths: int64 `[F * batch]`, the length of every row, each in
+            `[0, w_f]` (the caller checks).
         width_offsets: int64 `[F + 1]`, `w_f = width_offsets[f + 1] -
             width_offsets[f]` (so the block of feature `f` starts at
             `batch * width_offsets[f]`).
         buckets: int64 `[F]`, as for `hash_into_buckets`.
         batch: rows per feature.
+        weights: float32 like `flat`, a weight per position, or None.
 
     Returns:
-        `(values, offsets)`: int64 `[N]`, the ids of every row that are not
-        `MISSING_ID`, in order, hashed as `hash_into_buckets` does, and int64
-        `[F * batch + 1]` offsets: bag `f * batch + b` (row `b` of feature
-        `f`) holds `values[offsets[f * batch + b]:offsets[f * batch + b + 1]]`.
+        `(values, offsets, packed_weights)`: int64 `[N]`, the first
+        `lengths[r]` ids of every row, in order, hashed as
+        `hash_into_buckets` does; int64 `[F * batch + 1]` offsets (bag
+        `f * batch + b`, row `b` of feature `f`, holds
+        `values[offsets[f * batch + b]:offsets[f * batch + b + 1]]`); and
+        the weights of those positions (None without `weights`).
 
     Example:
 
     ```python
     # Feature 0: rows of width 2; feature 1: rows of width 3; batch 2.
-    flat = torch.tensor([4, 5, -1, -1,   7, -1, -1, 8, 9, 6])
-    values, offsets = pack_sequences(flat, torch.tensor([0, 2, 5]),
-                                     torch.tensor([0, 0]), batch=2)
-    # values [4, 5, 7, 8, 9, 6], offsets [0, 2, 2, 3, 6]
+    flat = torch.tensor([4, 5, 0, 0,   7, 0, 0, 8, 9, -6])
+    values, offsets, _ = pack_sequences(flat, torch.tensor([2, 0, 1, 3]),
+                                        torch.tensor([0, 2, 5]),
+                                        torch.tensor([0, 0]), batch=2)
+    # values [4, 5, 7, 8, 9, -6], offsets [0, 2, 2, 3, 6]
     ```
     """
     if use_triton(flat):
-        return pack_sequences_triton(flat, width_offsets, buckets, batch)
-    return pack_sequences_reference(flat, width_offsets, buckets, batch)
+        return pack_sequences_triton(flat, lengths, width_offsets, buckets, batch, weights)
+    return pack_sequences_reference(flat, lengths, width_offsets, buckets, batch, weights)

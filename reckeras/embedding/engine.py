@@ -228,7 +228,8 @@ class EmbeddingEngine:
     # ---- the step -----------------------------------------------------------------
 
     def lookup(self, ids: torch.Tensor, offsets: torch.Tensor, training: bool,
-               routed: RoutedBatch | None = None) -> list:
+               routed: RoutedBatch | None = None,
+               weights: torch.Tensor | None = None) -> list:
         """Embeddings of a packed batch, per physical table (dim).
 
         While training, the backward of the outputs updates the rows they
@@ -241,6 +242,8 @@ class EmbeddingEngine:
             routed: the `RoutedBatch` that `route_ahead` returned for this
                 very batch (the same `ids` and `offsets` tensors and
                 `training`), or None to route the keys here.
+            weights: float32 `[N]`, every id's weight (weighted sequences;
+                the combiners weigh by them), or None for weights of 1.
 
         Returns:
             One `(pooled, sequences)` per physical table: `pooled` is
@@ -270,7 +273,8 @@ class EmbeddingEngine:
                 store.begin_step(self.step)
         outputs = []
         for layout, (group, (chosen, group_tags, group_weight, group_destination)) in zip(
-                plan.layouts, enumerate(self._group_layout(offsets, batch, per_id, ids))):
+                plan.layouts,
+                enumerate(self._group_layout(offsets, batch, per_id, ids, weights))):
             # One iteration per distinct dim.
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
             if self.connect() is None:
@@ -401,12 +405,15 @@ class EmbeddingEngine:
         for store in self.tables:
             store.release_pins()
 
-    def _group_layout(self, offsets, batch, per_id, ids):
-        if self.packing.has_sequences:
-            return self._id_layout(offsets, batch, per_id, ids.numel(), ids.device)
+    def _group_layout(self, offsets, batch, per_id, ids, weights):
+        # Without sequences a bag holds one id or none (a missing value):
+        # N == S * B tells that every bag holds one.
+        if self.packing.has_sequences or ids.numel() != batch * self.packing.num_slots:
+            return self._id_layout(offsets, batch, per_id, ids.numel(), ids.device,
+                                   weights)
         return self._one_id_per_bag_layout(batch, per_id, ids.device)
 
-    def _id_layout(self, offsets, batch, per_id, num_ids, device):
+    def _id_layout(self, offsets, batch, per_id, num_ids, device, weights=None):
         """Per group: `(chosen, tags, weight, destination)` of its ids.
 
         `chosen` indexes the group's ids in the batch (None: every id);
@@ -416,14 +423,14 @@ class EmbeddingEngine:
         sequence, position).
         """
         plan = self.packing
-        if plan.has_sequences:
+        if offsets is not None:
             bag = ragged.bag_of_ids(offsets, num_ids)
             example = bag - per_id(torch.arange(plan.num_slots, device=device) * batch)
         else:
             bag = None
             example = torch.arange(batch, device=device).repeat(plan.num_slots)
         tags = per_id(plan.slot_tag) if any(s.needs_tags for s in self.tables) else None
-        weight = self._pooling_weight(offsets, bag, per_id, num_ids, device)
+        weight = self._pooling_weight(offsets, bag, per_id, num_ids, device, weights)
         destination = example * per_id(plan.slot_stride)
         destination += per_id(plan.slot_base * batch + plan.slot_position)
         if plan.has_unpooled:
@@ -558,13 +565,25 @@ class EmbeddingEngine:
         summed.index_add_(0, position, owner_grads[present])
         self._apply_row_grads(store, unique, summed)
 
-    def _pooling_weight(self, offsets, bag, per_id, num_ids, device):
+    def _pooling_weight(self, offsets, bag, per_id, num_ids, device, weights):
+        """Every id's scale: its weight (1 unweighted) over its bag's `"mean"`
+        or `"sqrtn"` denominator."""
         if not self.packing.has_sequences:
             return torch.ones(num_ids, device=device)
-        length = (offsets[1:] - offsets[:-1]).index_select(0, bag).float()
         combiner = per_id(self.packing.slot_combiner)     # unpooled: weight 1
-        return torch.where(combiner == MEAN, 1.0 / length,
-                           torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
+        if weights is None:
+            length = (offsets[1:] - offsets[:-1]).index_select(0, bag).float()
+            return torch.where(combiner == MEAN, 1.0 / length,
+                               torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
+        weights = weights.float()
+        bags = offsets.numel() - 1
+        total = weights.new_zeros(bags).index_add_(0, bag, weights).index_select(0, bag)
+        squares = weights.new_zeros(bags).index_add_(0, bag, weights * weights) \
+            .index_select(0, bag)
+        # A bag whose denominator is 0 pools to zeros (TensorFlow's rule).
+        scale = torch.where(combiner == MEAN, total,
+                            torch.where(combiner == SQRTN, squares.sqrt(), 1.0))
+        return torch.where(scale != 0, weights / scale, 0.0)
 
     def stats(self) -> dict:
         """This rank's tables: rows, bytes held, and requests served so far.

@@ -2,7 +2,7 @@
 
 from reckeras.features.encode import FeatureInputError
 from reckeras.features.plan import TablePlanError
-from reckeras.features.specs import Categorical, Cross, Numeric, Sequence
+from reckeras.features.specs import LENGTHS, Categorical, Cross, Numeric, Sequence
 
-__all__ = ["Categorical", "Cross", "FeatureInputError", "Numeric", "Sequence",
+__all__ = ["LENGTHS", "Categorical", "Cross", "FeatureInputError", "Numeric", "Sequence",
            "TablePlanError"]

@@ -10,12 +10,20 @@ feature, before any table row can change:
   numbers, or a 2-D array of width `k`; any other width -> error); null
   -> NaN (the model fills the feature's `default`), per element for a
   vector (a null vector is `k` NaNs); +-inf -> error; strings -> error.
-* Categorical ids: int64; null -> -1 (missing values share one row); negative
-  ids -> error; strings in an int64 feature -> error; strings of a
-  `dtype="string"` feature are hashed (`hashing.hash_strings`).
+* Categorical ids: int64, every value an id (negative ones included);
+  strings in an int64 feature -> error; strings of a `dtype="string"`
+  feature are hashed (`hashing.hash_strings`). A null has no id: its
+  length is 0 (its embedding is zeros).
 * bucketized Categoricals: float32, null -> NaN (the missing bucket).
-* Sequences: int64 `[B, max_len]`, left-aligned, padded with -1; sequences
-  longer than `max_len` keep their last `max_len` ids.
+* Sequences: int64 `[B, max_len]`, left-aligned; a row's length says how
+  many ids it holds (the positions after it hold 0 and are never read); a
+  null row is empty; sequences longer than `max_len` keep their last
+  `max_len` ids. A weighted sequence adds its weights, float32
+  `[B, max_len]` aligned with the ids, under the weights column's name.
+* `LENGTHS` (`"__lengths__"`): int32 `[B, R]`, the length of every id
+  Categorical and Sequence of each example (`specs.with_lengths` gives the
+  columns' order). Missing values and padding are carried by these
+  lengths, never by a reserved id value.
 """
 
 from __future__ import annotations
@@ -28,9 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reckeras.backend_kernels.hashing import hash_strings
-from reckeras.features.plan import MISSING_ID
-from reckeras.features.specs import Categorical, Numeric, Sequence
-
+from reckeras.features.specs import LENGTHS, Categorical, Numeric, Sequence, with_lengths
 
 
 class FeatureInputError(ValueError):
@@ -44,9 +50,9 @@ class FeatureInputError(ValueError):
     from reckeras.features.encode import encode
 
     try:
-        encode([rk.features.Categorical("C1", dim=8)], {"C1": [3, -5]})
+        encode([rk.features.Categorical("C1", dim=8)], {"C1": ["a", "b"]})
     except rk.features.FeatureInputError as error:
-        print(error)   # feature 'C1': negative id -5; ids must be non-negative
+        print(error)   # feature 'C1' is declared int64 but the column holds strings
     ```
     """
 
@@ -54,9 +60,11 @@ class FeatureInputError(ValueError):
 def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
     """A pyarrow Table of a raw batch.
 
-    A 2-D numpy array in a dict becomes a fixed-size list column (a padded
-    sequence, or the vectors of a `Numeric` of `shape=(k,)`); other values
-    go through `pyarrow.array`.
+    A 2-D numpy array in a dict becomes a fixed-size list column (full
+    sequences, or the vectors of a `Numeric` of `shape=(k,)`), a 2-D
+    `numpy.ma.MaskedArray` a list column of each row's unmasked values in
+    order (masked entries are padding: ragged sequences as a padded
+    array); other values go through `pyarrow.array`.
 
     Args:
         batch: a pyarrow RecordBatch or Table, or a dict of array-likes.
@@ -72,8 +80,9 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
     ```python
     from reckeras.features.encode import as_table
 
-    table = as_table({"I1": [1.0, 2.0], "hist": np.array([[1, 2], [3, -1]])})
-    table.num_rows   # 2
+    hist = np.ma.masked_array([[1, 2], [3, 0]], mask=[[0, 0], [0, 1]])
+    table = as_table({"I1": [1.0, 2.0], "hist": hist})
+    table.column("hist").to_pylist()   # [[1, 2], [3]]
     ```
     """
     if isinstance(batch, pa.Table):
@@ -83,7 +92,12 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
     if isinstance(batch, dict):
         columns = {}
         for name, values in batch.items():
-            if isinstance(values, np.ndarray) and values.ndim == 2:
+            if isinstance(values, np.ma.MaskedArray) and values.ndim == 2:
+                present = ~np.ma.getmaskarray(values)
+                values = pa.LargeListArray.from_arrays(
+                    np.concatenate([[0], np.cumsum(present.sum(axis=1))]),
+                    pa.array(np.asarray(values.data)[present]))
+            elif isinstance(values, np.ndarray) and values.ndim == 2:
                 values = pa.FixedSizeListArray.from_arrays(
                     pa.array(values.reshape(-1)), values.shape[1])
             elif not isinstance(values, (pa.Array, pa.ChunkedArray)):
@@ -94,11 +108,14 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
                     f"arrays, got {type(batch).__name__}")
 
 
-def _column(table: pa.Table, positions: dict[str, int], spec: Any) -> pa.Array:
-    position = positions.get(spec.name)
+def _column(table: pa.Table, positions: dict[str, int], spec: Any,
+            name: str | None = None) -> pa.Array:
+    """The column `name` (by default the spec's own) of the batch."""
+    name = spec.name if name is None else name
+    position = positions.get(name)
     if position is None:
         raise FeatureInputError(
-            f"feature {spec.name!r}: the batch has no column {spec.name!r} "
+            f"feature {spec.name!r}: the batch has no column {name!r} "
             f"(columns: {table.column_names[:20]})")
     column = table.column(position)
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
@@ -158,8 +175,9 @@ def _vectors(spec: Numeric, column: pa.Array) -> np.ndarray:
     return vectors
 
 
-def _ids(spec: Any, values: pa.Array) -> np.ndarray:
-    """Non-negative int64 ids of an int or string array; nulls -> `MISSING_ID`."""
+def _ids(spec: Any, values: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """`(ids, present)`: int64 ids of an int or string array (0 at a null)
+    and where a value is present (None without nulls)."""
     if _is_string(values.type):
         if spec.dtype != "string":
             raise FeatureInputError(
@@ -175,54 +193,81 @@ def _ids(spec: Any, values: pa.Array) -> np.ndarray:
         if spec.dtype == "string":
             raise FeatureInputError(f"feature {spec.name!r} is declared string but "
                                     f"the column holds {values.type}")
-        if values.type != pa.int64():
+        if pa.types.is_uint64(values.type):
+            # Ids above 2**63 - 1 keep their 64 bits: the id is the bit pattern.
+            values = values.view(pa.int64())
+        elif values.type != pa.int64():
             values = values.cast(pa.int64())
         filled = values.fill_null(0) if values.null_count else values
         ids = np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
-        if (ids < 0).any():
-            bad = int(ids[ids < 0][0])
-            raise FeatureInputError(f"feature {spec.name!r}: negative id {bad}; ids "
-                                    f"must be non-negative")
     else:
         raise FeatureInputError(f"feature {spec.name!r}: expected int64 or string "
                                 f"ids, got {values.type}")
-    if values.null_count:
-        ids = np.where(np.asarray(values.is_null()), MISSING_ID, ids)
-    return ids
+    if not values.null_count:
+        return ids, None
+    present = np.asarray(values.is_valid())
+    return np.where(present, ids, 0), present
 
 
-def _sequence(spec: Sequence, column: pa.Array) -> np.ndarray:
-    if pa.types.is_fixed_size_list(column.type):
-        # Already padded (dict input of a 2-D array): -1 marks padding.
-        width = column.type.list_size
-        flat = column.flatten()
-        padded = np.asarray(flat.cast(pa.int64()).to_numpy(zero_copy_only=False),
-                            dtype=np.int64).reshape(-1, width)
-        if (padded < MISSING_ID).any():
-            raise FeatureInputError(f"feature {spec.name!r}: negative id in sequence")
-        if width > spec.max_len:
-            raise FeatureInputError(f"feature {spec.name!r}: padded width {width} "
-                                    f"exceeds max_len {spec.max_len}")
-        return np.pad(padded, ((0, 0), (0, spec.max_len - width)),
-                      constant_values=MISSING_ID)
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-        raise FeatureInputError(f"feature {spec.name!r}: expected a list column, "
-                                f"got {column.type}")
-    column = column.cast(pa.large_list(column.type.value_type))
-    lengths = np.asarray(pc.list_value_length(column).fill_null(0)
-                         .to_numpy(zero_copy_only=False), dtype=np.int64)
+def _list_lengths(column: pa.Array) -> np.ndarray:
+    """int64 lengths of the rows of a list column (0 for a null row)."""
+    return np.asarray(pc.list_value_length(column).fill_null(0)
+                      .to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _as_large_list(spec: Sequence, column: pa.Array, what: str) -> pa.Array:
+    if not _is_list(column.type):
+        raise FeatureInputError(f"feature {spec.name!r}: expected a list column of "
+                                f"{what}, got {column.type}")
+    return column.cast(pa.large_list(column.type.value_type))
+
+
+def _sequence(spec: Sequence, column: pa.Array, weights: pa.Array | None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`(ids, lengths, weights)`: `[B, max_len]` left-aligned ids (0 past a
+    row's length), `[B]` lengths, and the weights aligned with the ids."""
+    column = _as_large_list(spec, column, "ids")
+    lengths = _list_lengths(column)
     values = pc.list_flatten(column)
     if values.null_count:
         raise FeatureInputError(f"feature {spec.name!r}: null inside a sequence")
-    ids = _ids(spec, values)
+    ids, _ = _ids(spec, values)
+    # The positions kept: the last max_len ids of every row.
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     kept = np.minimum(lengths, spec.max_len)
-    first = starts + lengths - kept            # keep the last max_len ids
-    position = np.arange(spec.max_len)
-    take = first[:, None] + position[None, :]
-    valid = position[None, :] < kept[:, None]
-    padded = np.full((len(lengths), spec.max_len), MISSING_ID, dtype=np.int64)
+    take = (starts + lengths - kept)[:, None] + np.arange(spec.max_len)[None, :]
+    valid = np.arange(spec.max_len)[None, :] < kept[:, None]
+    padded = np.zeros((len(lengths), spec.max_len), dtype=np.int64)
     padded[valid] = ids[take[valid]]
+    if weights is None:
+        return padded, kept, None
+    return padded, kept, _sequence_weights(spec, weights, lengths, take, valid)
+
+
+def _sequence_weights(spec, column, lengths, take, valid):
+    """The `[B, max_len]` weights of a weighted sequence, checked against its
+    ids' lengths; 0 past a row's length."""
+    name = f"feature {spec.name!r}: weights column {spec.weights!r}"
+    if _is_list(column.type) and not _is_number(column.type.value_type):
+        raise FeatureInputError(f"{name} holds {column.type}, expected a list of "
+                                f"numbers")
+    column = _as_large_list(spec, column, "weights")
+    weight_lengths = _list_lengths(column)
+    mismatched = np.flatnonzero(weight_lengths != lengths)
+    if mismatched.size:
+        row = int(mismatched[0])
+        raise FeatureInputError(f"{name}: row {row} has {int(weight_lengths[row])} "
+                                f"weights for {int(lengths[row])} ids")
+    values = pc.list_flatten(column)
+    if values.null_count:
+        raise FeatureInputError(f"{name}: null inside the weights")
+    values = np.asarray(values.cast(pa.float32(), safe=False)
+                        .to_numpy(zero_copy_only=False), dtype=np.float32)
+    if not np.isfinite(values).all():
+        bad = values[~np.isfinite(values)][0]
+        raise FeatureInputError(f"{name} holds a non-finite weight ({bad})")
+    padded = np.zeros(take.shape, dtype=np.float32)
+    padded[valid] = values[take[valid]]
     return padded
 
 
@@ -249,10 +294,11 @@ def encode(specs: _Sequence[Any],
 
     specs = [rk.features.Numeric("I1"), rk.features.Categorical("C1", dim=8),
              rk.features.Sequence("hist", dim=8, max_len=3)]
-    inputs = encode(specs, {"I1": [1.0, None], "C1": [7, None],
+    inputs = encode(specs, {"I1": [1.0, None], "C1": [-7, None],
                             "hist": pa.array([[4, 5], [1, 2, 3, 9]])})
-    inputs["C1"]     # array([ 7, -1])
-    inputs["hist"]   # array([[ 4,  5, -1], [ 2,  3,  9]])
+    inputs["C1"]            # array([-7,  0])
+    inputs["hist"]          # array([[4, 5, 0], [2, 3, 9]])
+    inputs["__lengths__"]   # array([[1, 2], [0, 3]], dtype=int32)
     ```
     """
     table = as_table(batch)
@@ -261,6 +307,7 @@ def encode(specs: _Sequence[Any],
     # Table.column(name) scans the schema: look names up once per batch.
     positions = {name: i for i, name in enumerate(table.column_names)}
     inputs = _plain_blocks(specs, table, positions)
+    lengths = {}                       # the lengths that are not all 1
     for spec in specs:                 # host side, once per column and batch
         if spec.name in inputs:
             continue
@@ -271,9 +318,24 @@ def encode(specs: _Sequence[Any],
         elif isinstance(spec, Categorical) and spec.boundaries is not None:
             inputs[spec.name] = _numbers(spec, column)
         elif isinstance(spec, Categorical):
-            inputs[spec.name] = _ids(spec, column)
+            inputs[spec.name], present = _ids(spec, column)
+            if present is not None:
+                lengths[spec.name] = present
         elif isinstance(spec, Sequence):
-            inputs[spec.name] = _sequence(spec, column)
+            weights = None if spec.weights is None else \
+                _column(table, positions, spec, spec.weights)
+            inputs[spec.name], lengths[spec.name], row_weights = _sequence(
+                spec, column, weights)
+            if row_weights is not None:
+                inputs[spec.weights] = row_weights
+    carried = with_lengths(specs)
+    if carried:
+        # Column-major: the plan reads it feature by feature.
+        matrix = np.ones((table.num_rows, len(carried)), dtype=np.int32, order="F")
+        for j, spec in enumerate(carried):
+            if spec.name in lengths:
+                matrix[:, j] = lengths[spec.name]
+        inputs[LENGTHS] = matrix
     return inputs
 
 
@@ -283,10 +345,10 @@ def _plain_blocks(specs: _Sequence[Any], table: pa.Table,
 
     int64 columns of int64 Categoricals and float32 columns of scalar
     Numerics, without nulls, are each converted in one pyarrow call (a column-major
-    matrix whose columns are the features' arrays) and checked in one numpy
-    pass; on a batch of hundreds of one-hot features that is ~10x faster
-    than column by column. A block with a null goes column by column (its
-    null policy); a bad value is reported naming its feature.
+    matrix whose columns are the features' arrays), the floats checked in one
+    numpy pass; on a batch of hundreds of one-hot features that is ~10x
+    faster than column by column. A block with a null goes column by column
+    (its null policy); a bad value is reported naming its feature.
     """
     types = table.schema.types
     int64, float32 = pa.int64(), pa.float32()
@@ -302,21 +364,17 @@ def _plain_blocks(specs: _Sequence[Any], table: pa.Table,
                 and types[position] == float32:
             floats.append(spec)
     inputs = {}
-    for block, bad, message in (
-            (ids, lambda m: m < 0, "negative id {}; ids must be non-negative"),
-            (floats, np.isinf, "column holds +-inf")):
+    for block, checked in ((ids, False), (floats, True)):
         if len(block) < 2:
             continue
         selected = table.select([positions[s.name] for s in block])
         if any(column.null_count for column in selected.columns):
             continue
         matrix = np.asarray(selected.to_tensor(row_major=False))
-        flagged = bad(matrix)
-        if flagged.any():
-            column = int(flagged.any(axis=0).argmax())
-            value = matrix[flagged[:, column], column][0]
-            raise FeatureInputError(f"feature {block[column].name!r}: "
-                                    + message.format(value))
+        if checked and np.isinf(matrix).any():
+            column = int(np.isinf(matrix).any(axis=0).argmax())
+            raise FeatureInputError(f"feature {block[column].name!r}: column holds "
+                                    f"+-inf")
         inputs.update((spec.name, matrix[:, j]) for j, spec in enumerate(block))
     return inputs
 
@@ -329,7 +387,8 @@ def raw_columns(specs: _Sequence[Any]) -> list[str]:
 
     Returns:
         The names of the `Numeric`, `Categorical` and `Sequence` specs, in
-        order (a `Cross` reads no column of its own).
+        order, each weighted Sequence followed by its weights column (a
+        `Cross` reads no column of its own).
 
     Example:
 
@@ -342,4 +401,10 @@ def raw_columns(specs: _Sequence[Any]) -> list[str]:
     # ['C1', 'C2']
     ```
     """
-    return [s.name for s in specs if isinstance(s, (Numeric, Categorical, Sequence))]
+    names = []
+    for spec in specs:
+        if isinstance(spec, (Numeric, Categorical, Sequence)):
+            names.append(spec.name)
+        if isinstance(spec, Sequence) and spec.weights is not None:
+            names.append(spec.weights)
+    return names

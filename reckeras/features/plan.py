@@ -12,7 +12,8 @@ the hot path beyond gathering the inputs into one tensor per kind.
 Packed sparse layout (see `reckeras.ragged`): sparse features are numbered
 in *slot order* -- single-valued slots (Categorical, bucketized Categorical,
 Cross) first, in declaration order, then Sequence slots. Bag `s * B + b`
-holds the ids of slot `s` for example `b`.
+holds the ids of slot `s` for example `b`: one id, or none for a missing
+value, in a single-valued slot.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import torch
 
 from reckeras import ragged
 from reckeras.backend_kernels import transforms
-from reckeras.features.specs import Categorical, Cross, FeatureSpec, Numeric, Sequence
-
-MISSING_ID = transforms.MISSING_ID   # a missing single-valued id; sequence padding
+from reckeras.features.specs import (LENGTHS, Categorical, Cross, FeatureSpec, Numeric,
+                                     Sequence, with_lengths)
 
 
 class TablePlanError(ValueError):
@@ -35,14 +35,17 @@ class TablePlanError(ValueError):
 class TransformPlan:
     """Feature specs sorted by kind, with per-feature parameters as tensors.
 
-    Single-valued slots: a Categorical's id is kept as is (`-1`, a missing
-    value, is its own id); a bucketized Categorical's value gets the number
-    of its boundaries `<= value` (NaN: `-1`; +inf: the last bucket); a Cross
-    combines its members' ids (after bucketizing, before their own
-    `hash_buckets`) with `transforms.cross`; then every slot with
-    `hash_buckets` is hashed into `[0, hash_buckets)` (any int64 id, `-1`
-    included). Sequences arrive as int64 `[B, max_len]` rows padded with
-    `-1`; their bag holds the ids that are not `-1`, hashed likewise.
+    Single-valued slots: a Categorical's id is kept as is (any int64); a
+    bucketized Categorical's value gets the number of its boundaries
+    `<= value` (NaN: the missing bucket, one past the last; +inf: the last
+    bucket); a Cross combines its members' ids (after bucketizing, before
+    their own `hash_buckets`) with `transforms.cross`; then every slot with
+    `hash_buckets` is hashed into `[0, hash_buckets)`. A Categorical of
+    length 0 (a missing value) has an empty bag, and so has every Cross of
+    it. Sequences arrive as int64 `[B, max_len]` left-aligned rows; the bag
+    of a row holds its first `length` ids, hashed likewise, and a weighted
+    sequence's bag carries their weights. Lengths arrive in the `LENGTHS`
+    input (`encode`).
 
     Args:
         specs: the feature specs, in declaration order.
@@ -88,6 +91,8 @@ class TransformPlan:
                            if isinstance(s, Categorical) and s.boundaries is not None]
         self.crosses = [s for s in specs if isinstance(s, Cross)]
         self.sequences = [s for s in specs if isinstance(s, Sequence)]
+        self.with_lengths = with_lengths(specs)
+        self.weighted = any(s.weights is not None for s in self.sequences)
         categorical = self.ids + self.bucketized
         categorical_names = [s.name for s in categorical]
         for cross in self.crosses:
@@ -101,6 +106,12 @@ class TransformPlan:
         self.single_slots = categorical + self.crosses
         self.slots = self.single_slots + self.sequences
         self.sparse_in_declaration_order = [s for s in specs if s.sparse]
+        weight_columns = [s.weights for s in self.sequences if s.weights is not None]
+        clashing = sorted(set(weight_columns) & set(names)
+                          | {w for w in weight_columns if weight_columns.count(w) > 1})
+        if clashing:
+            raise ValueError(f"weights column(s) {clashing} of weighted sequences must "
+                             f"be distinct and not feature names")
         self._check_tables()
         self._build_tensors(categorical_names)
 
@@ -145,6 +156,10 @@ class TransformPlan:
             "sequence_width_offsets": ragged.lengths_to_offsets(
                 torch.tensor([s.max_len for s in self.sequences], dtype=torch.int64)),
             "sequence_buckets": torch.tensor(sequence_buckets, dtype=torch.int64),
+            # The largest length of each column of LENGTHS.
+            "length_bounds": torch.tensor(
+                [s.max_len if isinstance(s, Sequence) else 1 for s in self.with_lengths],
+                dtype=torch.int32),
         }
         self._devices = {torch.device("cpu"): self._planned}
 
@@ -207,33 +222,98 @@ class TransformPlan:
         Args:
             inputs: `{name: tensor}`, at least the sparse features: int
                 `[B]` ids of Categoricals, float `[B]` values of bucketized
-                Categoricals, int `[B, max_len]` rows of Sequences padded
-                with `-1` (all on one device).
+                Categoricals, int `[B, max_len]` left-aligned rows of
+                Sequences (and float `[B, max_len]` weights of weighted
+                ones), and int `[B, R]` `LENGTHS` (all on one device).
+                Without `LENGTHS` every id Categorical has its id and every
+                Sequence row is full (`max_len` ids).
 
         Returns:
             `{"ids": int64 [N], "offsets": int64 [S * B + 1]}`, the slots in
-            the order of `slots` (see `reckeras.ragged`).
+            the order of `slots` (see `reckeras.ragged`), and with weighted
+            sequences `"weights"`: float32 `[N]`, every id's weight (1 for
+            the ids of unweighted features).
+
+        Raises:
+            ValueError: a length out of its feature's range (naming it).
 
         Example:
 
         ```python
         plan = TransformPlan([rk.features.Categorical("a", dim=4),
                               rk.features.Sequence("s", dim=4, max_len=3)])
-        plan.packed_sparse({"a": torch.tensor([7, -1]),
-                            "s": torch.tensor([[4, 5, -1], [-1, -1, -1]])})
-        # {"ids": [7, -1, 4, 5], "offsets": [0, 1, 2, 4, 4]}
+        plan.packed_sparse({"a": torch.tensor([-7, 0]),
+                            "s": torch.tensor([[4, 5, 0], [0, 0, 0]]),
+                            "__lengths__": torch.tensor([[1, 2], [0, 0]])})
+        # {"ids": [-7, 4, 5], "offsets": [0, 1, 1, 3, 3]}
         ```
         """
+        lengths = self._checked_lengths(inputs) if LENGTHS in inputs else None
+        weights = None
         if self.sequences:
-            values, offsets = self._sequences(inputs)
+            values, offsets, weights = self._sequences(
+                inputs, None if lengths is None else lengths[len(self.ids):])
             if not self.single_slots:
-                return {"ids": values, "offsets": offsets}
-        single = self._single_valued(inputs).reshape(-1)     # one id per bag
-        single_offsets = torch.arange(single.numel() + 1, device=single.device)
+                return self._packed(values, offsets, weights)
+        single = self._single_valued(inputs)
+        present = self._single_present(lengths[:len(self.ids)]) \
+            if self.ids and lengths is not None else None
+        if present is None:          # one id per bag
+            single = single.reshape(-1)
+            single_offsets = torch.arange(single.numel() + 1, device=single.device)
+        else:
+            present = present.reshape(-1)
+            single = single.reshape(-1)[present]
+            single_offsets = ragged.lengths_to_offsets(present)
         if not self.sequences:
             return {"ids": single, "offsets": single_offsets}
-        return {"ids": torch.cat([single, values]),
-                "offsets": torch.cat([single_offsets[:-1], offsets + single.numel()])}
+        if weights is not None:
+            weights = torch.cat([weights.new_ones(single.numel()), weights])
+        return self._packed(torch.cat([single, values]),
+                            torch.cat([single_offsets[:-1], offsets + single.numel()]),
+                            weights)
+
+    @staticmethod
+    def _packed(ids, offsets, weights):
+        packed = {"ids": ids, "offsets": offsets}
+        if weights is not None:
+            packed["weights"] = weights
+        return packed
+
+    def _checked_lengths(self, inputs):
+        """The `[R, B]` LENGTHS (column by column), each in its range."""
+        lengths = inputs[LENGTHS].t()
+        if lengths.shape[0] != len(self.with_lengths):
+            raise ValueError(f"{LENGTHS!r} has {lengths.shape[0]} columns, expected "
+                             f"{len(self.with_lengths)}: one per id Categorical and "
+                             f"Sequence")
+        if lengths.shape[1]:
+            low, high = torch.aminmax(lengths, dim=1)      # one pass, one sync
+            bounds = self._on(lengths.device)["length_bounds"]
+            bad = (low < 0) | (high > bounds)
+            if bool(bad.any()):
+                spec = self.with_lengths[int(bad.to(torch.int8).argmax())]
+                bound = spec.max_len if isinstance(spec, Sequence) else 1
+                raise ValueError(f"feature {spec.name!r}: its lengths must lie in "
+                                 f"[0, {bound}]")
+        return lengths
+
+    def _single_present(self, id_lengths):
+        """`[S_single, B]` bool: where each single-valued slot has its id, or
+        None when every one has (the common case, told by one reduction)."""
+        if not id_lengths.numel() or bool(id_lengths.min() == 1):
+            return None
+        present = id_lengths.bool()
+        if self.bucketized:
+            present = torch.cat([present, present.new_ones(len(self.bucketized),
+                                                           present.shape[1])])
+        if self.crosses:
+            members = self._on(present.device)["cross_members"]
+            # A cross of a missing member is missing; past its arity, present.
+            crossed = torch.where((members >= 0)[:, :, None],
+                                  present[members.clamp(min=0)], True).all(dim=1)
+            present = torch.cat([present, crossed])
+        return present
 
     def _single_valued(self, inputs):
         blocks = []
@@ -252,12 +332,21 @@ class TransformPlan:
             return categorical
         return transforms.hash_into_buckets(categorical, planned["single_buckets"])
 
-    def _sequences(self, inputs):
+    def _sequences(self, inputs, lengths):
         batch = len(inputs[self.sequences[0].name])
         flat = torch.cat([_rows(inputs[s.name], s, batch) for s in self.sequences])
+        weights = None
+        if self.weighted:
+            weights = torch.cat([
+                _rows(inputs[s.weights], s, batch).float() if s.weights is not None
+                else torch.ones(batch * s.max_len, device=flat.device)
+                for s in self.sequences])
         planned = self._on(flat.device)
-        return transforms.pack_sequences(flat.long(), planned["sequence_width_offsets"],
-                                         planned["sequence_buckets"], batch)
+        widths = planned["sequence_width_offsets"]
+        lengths = widths.diff().repeat_interleave(batch) if lengths is None \
+            else lengths.reshape(-1).long()          # None: every row is full
+        return transforms.pack_sequences(flat.long(), lengths, widths,
+                                         planned["sequence_buckets"], batch, weights)
 
 
 def _columns(values, spec, batch):
@@ -268,9 +357,10 @@ def _columns(values, spec, batch):
     return values.reshape(batch, spec.size)
 
 
-def _rows(padded, spec, batch):
-    """The `[batch, max_len]` rows of a sequence feature, flattened."""
-    if tuple(padded.shape) != (batch, spec.max_len):
+def _rows(rows, spec, batch):
+    """The `[batch, max_len]` rows of a sequence feature (or of its weights),
+    flattened."""
+    if tuple(rows.shape) != (batch, spec.max_len):
         raise ValueError(f"feature {spec.name!r}: expected [{batch}, {spec.max_len}] "
-                         f"padded ids, got {list(padded.shape)}")
-    return padded.reshape(-1)
+                         f"rows, got {list(rows.shape)}")
+    return rows.reshape(-1)

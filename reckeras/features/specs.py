@@ -13,11 +13,17 @@ from typing import Any
 NUMERIC_TRANSFORMS = (None, "log1p", "standardize")
 COMBINERS = ("sum", "mean", "sqrtn", None)
 ID_DTYPES = ("int64", "string")
+# The model input that carries the lengths of every sparse feature's ids
+# (`encode.LENGTHS`); feature and column names may not start with "__".
+RESERVED_PREFIX = "__"
 
 
 def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"feature name must be a non-empty string, got {name!r}")
+    if name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"feature name {name!r}: names starting with "
+                         f"{RESERVED_PREFIX!r} are reserved")
     return name
 
 
@@ -139,9 +145,10 @@ class Numeric(FeatureSpec):
 class Categorical(FeatureSpec):
     """A single-valued categorical column embedded into `dim` dimensions.
 
-    Ids are int64 (non-negative) or strings; there is no vocabulary: every new
-    id gets its own embedding row the first time it is seen. A missing value
-    is its own id.
+    Ids are int64 (every value, negative ones included, is an id) or
+    strings; there is no vocabulary: every new id gets its own embedding row
+    the first time it is seen. A missing value (a null) has no id: its
+    embedding is zeros, as for an empty bag.
 
     Args:
         name: column name.
@@ -152,7 +159,7 @@ class Categorical(FeatureSpec):
             (bounded table size).
         boundaries: if set, the column is numeric and bucketized by these
             sorted boundaries (`len(boundaries) + 1` buckets, plus one for
-            missing values).
+            missing values: bucket `len(boundaries) + 1` holds NaN and nulls).
         dtype: `"int64"` or `"string"` (strings are hashed with the stable
             64-bit hash of `reckeras.backend_kernels.hashing`). Ignored with
             `boundaries`.
@@ -207,7 +214,17 @@ class Sequence(FeatureSpec):
     """A variable-length list of ids (for example a behaviour history).
 
     Sequences longer than `max_len` keep their last `max_len` ids (the most
-    recent behaviour); this truncation is the documented policy.
+    recent behaviour); this truncation is the documented policy. Every int64
+    value is an id: the length of each row, not a padding value, says where
+    it ends (`FeatureColumns.sequence_mask`).
+
+    A weighted sequence (`weights="col"`) reads a second list column of
+    floats aligned with the ids (a score per id, such as `tag:weight`
+    lists). Pooling then weighs each id's row: `"sum"` is `sum(w_i e_i)`,
+    `"mean"` is `sum(w_i e_i) / sum(w_i)` and `"sqrtn"` is
+    `sum(w_i e_i) / sqrt(sum(w_i^2))` (TensorFlow's `embedding_lookup_sparse`
+    rules; a bag whose denominator is 0 pools to zeros); an unpooled
+    sequence returns `w_i e_i` at each position.
 
     Args:
         name: column name (a `list<int64>` or `list<string>` column).
@@ -217,25 +234,28 @@ class Sequence(FeatureSpec):
             embed history and target in one space. Defaults to `name`.
         combiner: `"sum"`, `"mean"` or `"sqrtn"` pooling over the ids,
             or `None` to keep the sequence unpooled: ShardedEmbedding then
-            returns it as `[B, max_len, dim]` with zero rows at padding
-            (the raw input is padded with -1, so `inputs[name] >= 0` is
-            its mask).
+            returns it as `[B, max_len, dim]` with zero rows past each
+            row's length (`FeatureColumns.sequence_mask` is its mask).
         hash_buckets: as for Categorical.
         dtype: `"int64"` or `"string"`.
+        weights: the name of a `list<float>` column holding one finite
+            weight per id, or None for an unweighted sequence.
 
     Example:
 
     ```python
     rk.features.Sequence("hist_items", dim=16, max_len=50, table="item")
     rk.features.Sequence("hist_items", dim=16, max_len=50, combiner=None)
+    rk.features.Sequence("tags", dim=8, max_len=20, weights="tag_weights")
     ```
     """
 
-    _fields = ("name", "dim", "max_len", "table", "combiner", "hash_buckets", "dtype")
+    _fields = ("name", "dim", "max_len", "table", "combiner", "hash_buckets", "dtype",
+               "weights")
 
     def __init__(self, name: str, dim: int, max_len: int, table: str | None = None,
                  combiner: str | None = "sum", hash_buckets: int | None = None,
-                 dtype: str = "int64"):
+                 dtype: str = "int64", weights: str | None = None):
         self.name = _check_name(name)
         self.dim = _check_positive_int(name, "dim", dim)
         self.max_len = _check_positive_int(name, "max_len", max_len)
@@ -250,6 +270,10 @@ class Sequence(FeatureSpec):
             raise ValueError(f"feature {name!r}: dtype must be one of {ID_DTYPES}, "
                              f"got {dtype!r}")
         self.dtype = dtype
+        if weights is not None and _check_name(weights) == name:
+            raise ValueError(f"feature {name!r}: its weights need a column of their "
+                             f"own, not the ids' column")
+        self.weights = weights
 
     @property
     def pooled(self) -> bool:
@@ -292,6 +316,36 @@ class Cross(FeatureSpec):
 
 
 SPEC_TYPES = {cls.__name__: cls for cls in (Numeric, Categorical, Sequence, Cross)}
+
+LENGTHS = RESERVED_PREFIX + "lengths__"
+
+
+def with_lengths(specs: _Sequence[FeatureSpec]) -> list[FeatureSpec]:
+    """The specs whose ids carry a length: column `j` of the `LENGTHS` input.
+
+    An id Categorical's length is 1, or 0 for a missing value; a
+    Sequence's is its number of ids (at most `max_len`). Bucketized
+    Categoricals (NaN has its own bucket) and Crosses (computed from their
+    members) carry none.
+
+    Args:
+        specs: the feature specs.
+
+    Returns:
+        The id Categoricals in declaration order, then the Sequences in
+        declaration order (the slot order of the packed batch).
+
+    Example:
+
+    ```python
+    from reckeras.features.specs import with_lengths
+
+    [s.name for s in with_lengths([rk.features.Sequence("h", dim=4, max_len=5),
+                                   rk.features.Categorical("c", dim=4)])]   # ['c', 'h']
+    ```
+    """
+    ids = [s for s in specs if isinstance(s, Categorical) and s.boundaries is None]
+    return ids + [s for s in specs if isinstance(s, Sequence)]
 
 
 def serialize(spec: FeatureSpec) -> dict[str, Any]:

@@ -11,7 +11,8 @@ import torch
 from reckeras import _keras_compat
 from reckeras.features import encode as encoding
 from reckeras.features.plan import TransformPlan
-from reckeras.features.specs import Categorical, Numeric, Sequence, deserialize, serialize
+from reckeras.features.specs import (LENGTHS, Categorical, Numeric, Sequence, deserialize,
+                                     serialize)
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -23,7 +24,8 @@ class FeatureColumns(keras.layers.Layer):
     their transforms (`D` columns: one per scalar feature and `k` per vector
     feature of `shape=(k,)`, in declaration order), and `sparse` is the packed sparse batch
     `{"ids": [N], "offsets": [S * B + 1]}` of every sparse feature (see
-    `reckeras.ragged`) for `rk.layers.ShardedEmbedding`. Each transform
+    `reckeras.ragged`; with weighted sequences also `"weights": [N]`) for
+    `rk.layers.ShardedEmbedding`. Each transform
     kind (missing-value fill, log1p, standardize, bucketize, hash, cross,
     sequence packing) runs as one vectorized op over all its features.
 
@@ -50,7 +52,8 @@ class FeatureColumns(keras.layers.Layer):
         _keras_compat.accept_raw_inputs(self)
         self.specs = [deserialize(s) for s in specs]
         self.plan = TransformPlan(self.specs)
-        self.input_names = encoding.raw_columns(self.specs)
+        self.input_names = encoding.raw_columns(self.specs) + \
+            ([LENGTHS] if self.plan.with_lengths else [])
         # One statistic per dense column: a vector is standardized per element.
         count = self.plan.dense_width
         self.mean = self.add_weight(shape=(count,), initializer="zeros",
@@ -67,11 +70,14 @@ class FeatureColumns(keras.layers.Layer):
 
         Numeric features are float32 of their `shape` (`()` or `(k,)`),
         bucketized Categoricals float32 `()`, other Categoricals int64 `()`,
-        Sequences int64 `(max_len,)`.
+        Sequences int64 `(max_len,)` (and their weights float32
+        `(max_len,)` under the weights column's name). With id Categoricals
+        or Sequences, `"__lengths__"` (`rk.features.LENGTHS`) is int32
+        `(R,)`: the length of each one's ids (`encode`).
 
         Returns:
-            `{feature name: keras.Input}` in declaration order (none for a
-            `Cross`).
+            `{name: keras.Input}` in declaration order (none for a `Cross`),
+            then `"__lengths__"`.
         """
         inputs = {}
         for spec in self.specs:
@@ -85,7 +91,43 @@ class FeatureColumns(keras.layers.Layer):
             elif isinstance(spec, Sequence):
                 inputs[spec.name] = keras.Input(shape=(spec.max_len,), dtype="int64",
                                                 name=spec.name)
+                if spec.weights is not None:
+                    inputs[spec.weights] = keras.Input(
+                        shape=(spec.max_len,), dtype="float32", name=spec.weights)
+        if self.plan.with_lengths:
+            inputs[LENGTHS] = keras.Input(shape=(len(self.plan.with_lengths),),
+                                          dtype="int32", name=LENGTHS)
         return inputs
+
+    def sequence_mask(self, inputs: dict, name: str) -> Any:
+        """Where a sequence feature's rows hold ids: its padding mask.
+
+        Args:
+            inputs: the model inputs (`inputs()`, or encoded tensors).
+            name: a Sequence feature of these columns.
+
+        Returns:
+            bool `[B, max_len]`: True at the first `length` positions of
+            every row (a Keras op: it works on `keras.Input`s too).
+
+        Raises:
+            ValueError: `name` is not a Sequence of these columns.
+
+        Example:
+
+        ```python
+        inputs = columns.inputs()
+        mask = columns.sequence_mask(inputs, "hist_items")   # [B, 50]
+        ```
+        """
+        sequences = {s.name: s for s in self.plan.sequences}
+        if name not in sequences:
+            raise ValueError(f"{name!r} is not a Sequence feature of these columns; "
+                             f"the sequences are {sorted(sequences)}")
+        column = [s.name for s in self.plan.with_lengths].index(name)
+        lengths = inputs[LENGTHS][:, column:column + 1]
+        positions = keras.ops.arange(sequences[name].max_len, dtype="int32")
+        return keras.ops.less(keras.ops.expand_dims(positions, 0), lengths)
 
     @property
     def sparse_specs(self) -> list:
@@ -164,8 +206,8 @@ class FeatureColumns(keras.layers.Layer):
 
         Returns:
             `(dense, sparse)`: float32 `[B, D]` (`D = plan.dense_width`) and
-            `{"ids": [N], "offsets": [S * B + 1]}` (None without sparse
-            features).
+            `{"ids": [N], "offsets": [S * B + 1]}` (and `"weights": [N]`
+            with weighted sequences; None without sparse features).
 
         Example:
 
@@ -192,9 +234,12 @@ class FeatureColumns(keras.layers.Layer):
     def compute_output_spec(self, inputs: dict) -> tuple:
         batch = next(iter(inputs.values())).shape[0]
         dense = keras.KerasTensor((batch, self.plan.dense_width), dtype="float32")
-        sparse = {"ids": keras.KerasTensor((None,), dtype="int64"),
-                  "offsets": keras.KerasTensor((None,), dtype="int64")} \
-            if self.plan.slots else None
+        sparse = None
+        if self.plan.slots:
+            sparse = {"ids": keras.KerasTensor((None,), dtype="int64"),
+                      "offsets": keras.KerasTensor((None,), dtype="int64")}
+            if self.plan.weighted:
+                sparse["weights"] = keras.KerasTensor((None,), dtype="float32")
         return dense, sparse
 
     def get_config(self) -> dict:

@@ -50,8 +50,9 @@ class ShardedEmbedding(keras.layers.Layer):
         **kwargs: base Layer arguments.
 
     Call arguments:
-        sparse: the packed sparse batch `{"ids", "offsets"}` of the
-            FeatureColumns (its output, or `FeatureColumns.pack`).
+        sparse: the packed sparse batch `{"ids", "offsets"}` (and
+            `"weights"` with weighted sequences) of the FeatureColumns
+            (its output, or `FeatureColumns.pack`).
         training: create rows for new ids and train them.
         routed: the `RoutedBatch` the pipeline's sparse-dist stage planned
             for this very batch (`EmbeddingEngine.route_ahead`); `rk.Model`'s
@@ -110,7 +111,7 @@ class ShardedEmbedding(keras.layers.Layer):
         # `routed`: the routes the pipeline's sparse-dist stage planned for
         # this very batch (`EmbeddingEngine.route_ahead`), or None.
         groups = self.engine.lookup(sparse["ids"], sparse["offsets"], bool(training),
-                                    routed=routed)
+                                    routed=routed, weights=sparse.get("weights"))
         if self.output_mode == "stacked":
             return groups[0][0]
         if self.output_mode == "concat" and len(groups) == 1:

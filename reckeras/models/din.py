@@ -143,7 +143,7 @@ def behaviour_features(
 
     query = joined([embedded[target.name] for _, target in pairs], 1)
     keys = joined([embedded[history.name] for history, _ in pairs], 2)
-    mask = keras.ops.greater_equal(inputs[pairs[0][0].name], 0)
+    mask = columns.sequence_mask(inputs, pairs[0][0].name)
     histories = {history.name for history, _ in pairs}
     context = keras.ops.concatenate(
         [dense] + [tensor for name, tensor in embedded.items() if name not in histories],

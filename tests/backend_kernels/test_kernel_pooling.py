@@ -17,7 +17,9 @@ def lookup_case(seed, num_rows=40, dim=8, num_slots=12, n=30, dtype=torch.float3
     rows = torch.randint(0, num_rows, (n,), generator=g)
     unique, unique_index = unique_rows(rows, num_rows)
     destination = torch.randint(0, max(num_slots, 1), (n,), generator=g)
-    id_weight = torch.rand(n, generator=g) + 0.5
+    # Per-id weights as weighted features give them: any sign, some zero.
+    id_weight = torch.randn(n, generator=g) * 2
+    id_weight[torch.rand(n, generator=g) < 0.1] = 0.0
     return weights, unique, unique_index, destination, id_weight, num_slots
 
 

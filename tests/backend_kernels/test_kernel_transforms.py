@@ -10,7 +10,6 @@ from kernel_cases import (INT64_MAX, INT64_MIN, SETTINGS, Launches, assert_same,
 from reckeras.backend_kernels import transforms
 from reckeras.backend_kernels.hashing import mix64
 
-MISSING = transforms.MISSING_ID
 INF = float("inf")
 
 
@@ -39,8 +38,11 @@ def test_bucketize_reference_is_a_per_feature_searchsorted():
                            [3.0, -7.0, 1.0, 1.5, 0.0, INF, -INF]])
     boundaries = torch.tensor([[0.0, 1.0, INF], [1.0, 1.5, 2.0]])
     out = transforms.bucketize(values, boundaries)
-    # +inf is in the last bucket of its own feature, not past the padding.
-    assert out.tolist() == [[0, 1, 1, 2, MISSING, 2, 0], [3, 0, 1, 2, 0, 3, 0]]
+    # +inf is in the last bucket of its own feature, not past the padding;
+    # NaN in the missing bucket, one past the last (2 boundaries: bucket 3).
+    assert out.tolist() == [[0, 1, 1, 2, 3, 2, 0], [3, 0, 1, 2, 0, 3, 0]]
+    assert transforms.bucketize(torch.tensor([[float("nan")], [float("nan")]]),
+                                boundaries).tolist() == [[3], [4]]
 
 
 def splitmix64(x):
@@ -73,45 +75,63 @@ def test_cross_reference_is_hash_combine_of_members():
     assert out[2].tolist() == hash_combine(c[2], c[0])
 
 
-def naive_pack(rows_per_feature, buckets):
+def naive_pack(rows_per_feature, lengths_per_feature, buckets, weights_per_feature=None):
     """pack_sequences as Python loops over features, rows and positions."""
-    values, lengths = [], []
-    for rows, bucket in zip(rows_per_feature, buckets):
-        for row in rows.tolist():
-            kept = [i for i in row if i != MISSING]
+    values, lengths, weights = [], [], []
+    for f, (rows, row_lengths, bucket) in enumerate(
+            zip(rows_per_feature, lengths_per_feature, buckets)):
+        for b, (row, length) in enumerate(zip(rows.tolist(), row_lengths.tolist())):
+            kept = row[:length]
             if bucket:
                 kept = (mix64(torch.tensor(kept, dtype=torch.int64)) % bucket).tolist()
             values += kept
-            lengths.append(len(kept))
-    return values, [0] + torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()
+            lengths.append(length)
+            if weights_per_feature is not None:
+                weights += weights_per_feature[f][b, :length].tolist()
+    offsets = [0] + torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()
+    return values, offsets, weights
 
 
-def pack_case(rows_per_feature, buckets):
-    """The arguments of pack_sequences for ``[batch, w_f]`` rows of every feature."""
+def pack_case(rows_per_feature, lengths_per_feature, buckets):
+    """The arguments of pack_sequences for `[batch, w_f]` rows of every feature."""
     batch = rows_per_feature[0].shape[0]
     widths = torch.tensor([r.shape[1] for r in rows_per_feature])
     width_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), widths.cumsum(0)])
     flat = torch.cat([r.reshape(-1) for r in rows_per_feature])
-    return flat, width_offsets, torch.tensor(buckets, dtype=torch.int64), batch
+    lengths = torch.cat(lengths_per_feature).to(torch.int64)
+    return flat, lengths, width_offsets, torch.tensor(buckets, dtype=torch.int64), batch
 
 
 def test_pack_sequences_reference_against_python_lists():
-    # Feature 0: width 4, no hashing, -1 anywhere in a row is padding;
-    # feature 1: width 2, hashed into 5 buckets (negative ids too).
-    first = torch.tensor([[5, 6, -1, -1], [-1, -1, -1, -1], [1, -1, 2, 3]])
-    second = torch.tensor([[-7, 8], [-1, -1], [9, -1]])
-    case = pack_case([first, second], [0, 5])
-    values, offsets = transforms.pack_sequences(*case)
-    expected_values, expected_offsets = naive_pack([first, second], [0, 5])
+    # Feature 0: width 4, no hashing; feature 1: width 2, hashed into 5
+    # buckets. Every value is an id (-1 and 0 included): lengths end rows.
+    first = torch.tensor([[5, -1, 0, 0], [0, 0, 0, 0], [1, 0, 2, -3]])
+    second = torch.tensor([[-7, 8], [-1, -1], [9, 4]])
+    lengths = [torch.tensor([2, 0, 4]), torch.tensor([2, 1, 1])]
+    case = pack_case([first, second], lengths, [0, 5])
+    values, offsets, weights = transforms.pack_sequences(*case)
+    expected_values, expected_offsets, _ = naive_pack([first, second], lengths, [0, 5])
     assert values.tolist() == expected_values and offsets.tolist() == expected_offsets
-    assert values[:5].tolist() == [5, 6, 1, 2, 3]
-    assert offsets.tolist()[:4] == [0, 2, 2, 5]
+    assert weights is None
+    assert values[:6].tolist() == [5, -1, 1, 0, 2, -3]
+    assert offsets.tolist()[:4] == [0, 2, 2, 6]
+
+
+def test_pack_sequences_reference_packs_weights_with_the_ids():
+    rows = [torch.tensor([[3, 4, 9], [5, 0, 0]]), torch.tensor([[6], [7]])]
+    lengths = [torch.tensor([3, 1]), torch.tensor([0, 1])]
+    weights = torch.tensor([0.5, 2.0, -1.0, 4.0, 9.0, 9.0, 9.0, 3.0])
+    values, offsets, packed = transforms.pack_sequences(*pack_case(rows, lengths, [0, 0]),
+                                                        weights)
+    assert values.tolist() == [3, 4, 9, 5, 7]
+    assert packed.tolist() == [0.5, 2.0, -1.0, 4.0, 3.0]
 
 
 def test_pack_sequences_reference_of_an_empty_batch():
     case = pack_case([torch.zeros(0, 3, dtype=torch.int64),
-                      torch.zeros(0, 1, dtype=torch.int64)], [0, 7])
-    values, offsets = transforms.pack_sequences(*case)
+                      torch.zeros(0, 1, dtype=torch.int64)],
+                     [torch.zeros(0, dtype=torch.int64)] * 2, [0, 7])
+    values, offsets, _ = transforms.pack_sequences(*case)
     assert values.tolist() == [] and offsets.tolist() == [0]
 
 
@@ -188,32 +208,41 @@ def test_cross_triton_ids_at_the_int64_limits():
                 transforms.cross_reference(columns, members))
 
 
-def _padded_rows(rng, batch, width):
-    """Left-aligned rows (some of length 0 or full), a few -1 inside too."""
-    rows = torch.full((batch, width), MISSING, dtype=torch.int64)
-    for b in range(batch):
-        length = rng.choice([0, width, rng.randint(0, width)])
-        rows[b, :length] = random_ids(rng, length) if rng.random() < 0.3 else \
-            torch.tensor([rng.randint(-3, 99) for _ in range(length)], dtype=torch.int64)
-    return rows
+def _rows_and_lengths(rng, batch, width):
+    """Rows of random ids (any int64) and their lengths (some 0 or full)."""
+    rows = random_ids(rng, batch, width) if rng.random() < 0.3 else \
+        torch.tensor([[rng.randint(-3, 99) for _ in range(width)] for _ in range(batch)],
+                     dtype=torch.int64).view(batch, width)
+    lengths = torch.tensor([rng.choice([0, width, rng.randint(0, width)])
+                            for _ in range(batch)], dtype=torch.int64)
+    return rows, lengths
 
 
 @requires_triton
 @SETTINGS
 @given(st.lists(st.sampled_from([1, 2, 3, 7, 37, 130]), min_size=1, max_size=3),
-       st.integers(0, 5), st.randoms(use_true_random=False))
-def test_pack_sequences_triton(widths, batch, rng):
-    rows = [_padded_rows(rng, batch, width) for width in widths]
+       st.integers(0, 5), st.booleans(), st.randoms(use_true_random=False))
+def test_pack_sequences_triton(widths, batch, weighted, rng):
+    rows, lengths = zip(*[_rows_and_lengths(rng, batch, width) for width in widths])
     buckets = [rng.choice([0, 0, 1, 7, 2**62]) for _ in widths]
-    flat, width_offsets, buckets, batch = pack_case(rows, buckets)
-    values, offsets = transforms.pack_sequences_triton(
-        *on_device(flat, width_offsets, buckets), batch)
-    expected_values, expected_offsets = transforms.pack_sequences_reference(
-        flat, width_offsets, buckets, batch)
-    assert_same(values, expected_values)
-    assert_same(offsets, expected_offsets)
-    assert (expected_values.tolist(), expected_offsets.tolist()) == naive_pack(
-        rows, buckets.tolist())
+    flat, lengths_, width_offsets, buckets, batch = pack_case(rows, lengths, buckets)
+    weights = torch.randn(flat.numel()) if weighted else None
+    moved = on_device(flat, lengths_, width_offsets, buckets,
+                      *([] if weights is None else [weights]))
+    values, offsets, packed = transforms.pack_sequences_triton(
+        *moved[:4], batch, moved[4] if weighted else None)
+    expected = transforms.pack_sequences_reference(flat, lengths_, width_offsets,
+                                                   buckets, batch, weights)
+    assert_same(values, expected[0])
+    assert_same(offsets, expected[1])
+    if weighted:
+        assert_same(packed, expected[2])
+    per_feature = None if weights is None else [
+        chunk.view(batch, -1) for chunk in torch.split(
+            weights, [batch * w for w in widths])]
+    assert (expected[0].tolist(), expected[1].tolist(),
+            [] if weights is None else expected[2].tolist()) == naive_pack(
+        rows, lengths, buckets.tolist(), per_feature)
 
 
 # ---- the entry points dispatch to the kernels ---------------------------------------
@@ -225,20 +254,20 @@ def test_entry_points_launch_one_kernel_each_on_the_triton_route(monkeypatch):
     values = torch.tensor([[0.5, float("nan"), INF]])
     boundaries = torch.tensor([[0.0, 1.0, INF, INF]])
     members = torch.tensor([[0, 1, -1], [3, 2, 1]])
-    pack = pack_case([torch.tensor([[4, -1], [-1, -1], [-2, 3]]),
-                      torch.tensor([[7], [-1], [8]])], [11, 0])
+    pack = pack_case([torch.tensor([[4, -1], [0, 0], [-2, 3]]),
+                      torch.tensor([[7], [0], [8]])],
+                     [torch.tensor([2, 0, 2]), torch.tensor([1, 0, 1])], [11, 0])
     expected = [transforms.hash_into_buckets(ids, buckets),
                 transforms.bucketize(values, boundaries),
                 transforms.cross(ids, members),
-                *transforms.pack_sequences(*pack)]
+                *transforms.pack_sequences(*pack)[:2]]
     launches = Launches(monkeypatch, transforms)
     with triton_route():
         out = [transforms.hash_into_buckets(*on_device(ids, buckets)),
                transforms.bucketize(*on_device(values, boundaries)),
                transforms.cross(*on_device(ids, members)),
-               *transforms.pack_sequences(*on_device(*pack[:3]), pack[3])]
+               *transforms.pack_sequences(*on_device(*pack[:4]), pack[4])[:2]]
     for actual, reference in zip(out, expected):
         assert_same(actual, reference)
     assert launches.counts == {"_hash_into_buckets_kernel": 1, "_bucketize_kernel": 1,
-                               "_cross_kernel": 1, "_count_present_kernel": 1,
-                               "_pack_sequences_kernel": 1}
+                               "_cross_kernel": 1, "_pack_sequences_kernel": 1}

@@ -1,6 +1,7 @@
 """Engine lookups and sparse updates against plain numpy."""
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -8,6 +9,7 @@ import reckeras as rk
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.packing import PackingPlan, table_salt
+from reckeras.features.encode import encode
 from reckeras.features.plan import TransformPlan
 
 
@@ -16,6 +18,12 @@ def make_engine(specs, optimizer=None):
     engine = EmbeddingEngine(PackingPlan(plan.slots, plan.sparse_in_declaration_order))
     engine.set_optimizer(optimizer or rk.optimizers.SGD(1.0))
     return plan, engine
+
+
+def packed_of(plan, raw):
+    """The packed batch of a raw batch, encoded as fit encodes it."""
+    return plan.packed_sparse({k: torch.as_tensor(v)
+                               for k, v in encode(plan.specs, raw).items()})
 
 
 def row_of(engine, table, raw_id):
@@ -29,10 +37,8 @@ def test_pooling_combiners_and_layout():
              rk.features.Sequence("s", dim=3, max_len=4, combiner="mean", table="t"),
              rk.features.Sequence("q", dim=3, max_len=4, combiner="sqrtn", table="t")]
     plan, engine = make_engine(specs)
-    inputs = {"c": torch.tensor([1, 2]),
-              "s": torch.tensor([[5, 6, 5, -1], [-1, -1, -1, -1]]),
-              "q": torch.tensor([[6, -1, -1, -1], [5, 6, 7, 8]])}
-    packed = plan.packed_sparse(inputs)
+    packed = packed_of(plan, {"c": [1, 2], "s": pa.array([[5, 6, 5], []]),
+                              "q": pa.array([[6], [5, 6, 7, 8]])})
     out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0][0]
     assert out.shape == (2, 3, 3)
     w = {(t, i): row_of(engine, t, i) for t, i in
@@ -109,9 +115,8 @@ def test_unpooled_sequences_land_in_their_own_region():
              rk.features.Sequence("hist", dim=2, max_len=3, combiner=None, table="item"),
              rk.features.Sequence("pooled", dim=2, max_len=2, combiner="sum", table="item")]
     plan, engine = make_engine(specs, rk.optimizers.SGD(1.0))
-    packed = plan.packed_sparse({"item": torch.tensor([1, 2]),
-                                 "hist": torch.tensor([[2, 3, -1], [-1, -1, -1]]),
-                                 "pooled": torch.tensor([[1, 3], [2, -1]])})
+    packed = packed_of(plan, {"item": [1, 2], "hist": pa.array([[2, 3], []]),
+                              "pooled": pa.array([[1, 3], [2]])})
     (pooled, sequences), = engine.lookup(packed["ids"], packed["offsets"], training=True)
     w = {i: row_of(engine, "item", i) for i in (1, 2, 3)}
     zero = torch.zeros(2)
@@ -146,3 +151,70 @@ def test_routes_planned_for_another_batch_are_refused():
     # route_ahead plans exchanges between ranks: one process has none to plan.
     with pytest.raises(RuntimeError, match="several ranks"):
         engine.route_ahead(planned["ids"], planned["offsets"], True)
+
+
+def test_every_int64_is_an_id_and_a_missing_value_reads_zeros():
+    specs = [rk.features.Categorical("a", dim=2), rk.features.Categorical("b", dim=2)]
+    plan, engine = make_engine(specs, rk.optimizers.SGD(1.0))
+    packed = packed_of(plan, {"a": pa.array([-1, None, 2**63 - 1, -2**63], pa.int64()),
+                              "b": pa.array([0, 0, None, -1], pa.int64())})
+    out = engine.lookup(packed["ids"], packed["offsets"], training=True)[0][0]
+    # Rows for a: -1, 2**63-1, -2**63; for b: 0, -1. None for the nulls.
+    assert engine.tables[0].num_rows == 5
+    expected = torch.stack([
+        torch.stack([row_of(engine, "a", -1), row_of(engine, "b", 0)]),
+        torch.stack([torch.zeros(2), row_of(engine, "b", 0)]),
+        torch.stack([row_of(engine, "a", 2**63 - 1), torch.zeros(2)]),
+        torch.stack([row_of(engine, "a", -2**63), row_of(engine, "b", -1)])])
+    torch.testing.assert_close(out, expected)
+    before = engine.tables[0].weights[:5].clone()
+    out.sum().backward()
+    # Every row read got its gradient (b's 0 twice); a missing value has none.
+    counts = {("a", -1): 1, ("a", 2**63 - 1): 1, ("a", -2**63): 1, ("b", 0): 2, ("b", -1): 1}
+    for (table, raw), count in counts.items():
+        row = engine.tables[0].find(mix64(torch.tensor([raw])) ^ table_salt(table))[0]
+        torch.testing.assert_close(engine.tables[0].weights[row], before[row] - count)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn", None])
+def test_weighted_pooling_and_its_gradient_against_numpy(combiner):
+    specs = [rk.features.Categorical("c", dim=3),
+             rk.features.Sequence("s", dim=3, max_len=4, combiner=combiner,
+                                  weights="w", table="t")]
+    plan, engine = make_engine(specs, rk.optimizers.SGD(1.0))
+    ids = [[5, 6, 5], [], [7, 8], [9]]
+    weights = [[0.5, 2.0, -1.5], [], [1.0, -1.0], [0.0]]
+    packed = packed_of(plan, {"c": [1, 2, 3, 4], "s": pa.array(ids), "w": pa.array(weights)})
+    (pooled, sequences), = engine.lookup(packed["ids"], packed["offsets"], training=True,
+                                         weights=packed["weights"])
+    rows = {i: row_of(engine, "t", i).numpy() for i in (5, 6, 7, 8, 9)}
+
+    def scale(w):           # TensorFlow's embedding_lookup_sparse rules
+        w = np.array(w)
+        denominator = {"mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}.get(combiner, 1.0)
+        return np.zeros_like(w) if denominator == 0 else w / denominator
+
+    if combiner is None:
+        expected = np.zeros((4, 4, 3))
+        for b, (row, w) in enumerate(zip(ids, weights)):
+            for position, (i, weight) in enumerate(zip(row, w)):
+                expected[b, position] = weight * rows[i]
+        np.testing.assert_allclose(sequences["s"].detach().numpy(), expected, rtol=1e-6,
+                                   atol=1e-7)
+        out = sequences["s"]
+    else:
+        expected = np.stack([sum((k * rows[i] for i, k in zip(row, scale(w))),
+                                 np.zeros(3)) for row, w in zip(ids, weights)])
+        np.testing.assert_allclose(pooled[:, 1].detach().numpy(), expected, rtol=1e-6,
+                                   atol=1e-7)
+        out = pooled[:, 1]
+    before = {i: rows[i].copy() for i in rows}
+    out.sum().backward()
+    # Each id's gradient is its scale (the same scale it pooled with).
+    grads = {i: 0.0 for i in rows}
+    for row, w in zip(ids, weights):
+        for i, k in zip(row, w if combiner is None else scale(w)):
+            grads[i] += k
+    for i in rows:
+        np.testing.assert_allclose(row_of(engine, "t", i).numpy(), before[i] - grads[i],
+                                   rtol=1e-6, atol=1e-7)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import reckeras as rk
 from reckeras.backend_kernels.hashing import hash_strings
 from reckeras.features.encode import FeatureInputError, encode
+from reckeras.features.specs import LENGTHS
 
 SPECS = [rk.features.Numeric("n", default=2.0),
          rk.features.Categorical("c", dim=4),
@@ -35,11 +36,35 @@ def string_hash(text):
 def test_encode_values():
     out = encode(SPECS, batch())
     np.testing.assert_array_equal(out["n"], np.array([1.5, np.nan, 3.0], np.float32))
-    assert out["c"].tolist() == [7, -1, 0]
-    assert out["s"].tolist() == [string_hash("a"), -1, string_hash("é1")]
+    # A null has no id: 0 in the ids, length 0 in LENGTHS.
+    assert out["c"].tolist() == [7, 0, 0]
+    assert out["s"].tolist() == [string_hash("a"), 0, string_hash("é1")]
     assert np.isnan(out["b"][0]) and out["b"][1:].tolist() == [-1.0, 2.0]
-    # Longer sequences keep their last max_len ids; padding is -1.
-    assert out["q"].tolist() == [[3, 4, 5], [-1, -1, -1], [-1, -1, -1]]
+    # Longer sequences keep their last max_len ids; rows are left-aligned.
+    assert out["q"].tolist() == [[3, 4, 5], [0, 0, 0], [0, 0, 0]]
+    # Columns of LENGTHS: the id Categoricals c, s, then the Sequence q.
+    assert out[LENGTHS].dtype == np.int32
+    assert out[LENGTHS].tolist() == [[1, 1, 3], [0, 0, 0], [1, 1, 0]]
+
+
+def test_every_int64_value_is_an_id():
+    extremes = [-2**63, -1, 0, 2**63 - 1, -5]
+    out = encode([rk.features.Categorical("c", dim=4),
+                  rk.features.Sequence("q", dim=4, max_len=4)],
+                 {"c": pa.array(extremes, pa.int64()),
+                  "q": pa.array([[-1, -1], [-2**63], [], [0, -1, 2**63 - 1], None])})
+    assert out["c"].tolist() == extremes
+    assert out["q"][:, :3].tolist() == [[-1, -1, 0], [-2**63, 0, 0], [0, 0, 0],
+                                        [0, -1, 2**63 - 1], [0, 0, 0]]
+    assert out[LENGTHS].tolist() == [[1, 2], [1, 1], [1, 0], [1, 3], [1, 0]]
+
+
+def test_uint64_ids_keep_their_64_bits():
+    # An unsigned 64-bit hash (Spark's xxhash64 read as uint64) is the same
+    # bit pattern as the signed one: both name the same row.
+    unsigned = np.array([2**64 - 1, 2**63, 5], dtype=np.uint64)
+    out = encode([rk.features.Categorical("c", dim=4)], {"c": pa.array(unsigned)})
+    assert out["c"].tolist() == unsigned.view(np.int64).tolist() == [-1, -2**63, 5]
 
 
 def test_string_hash_is_fnv1a_then_mix():
@@ -51,20 +76,26 @@ def test_string_hash_is_fnv1a_then_mix():
 
 
 def test_dict_input_and_padded_sequences():
+    # A 2-D array holds full rows (-1 is an id like any other) ...
     out = encode(SPECS, {"n": [1.0], "c": [3], "s": ["x"], "b": [0.5],
                          "q": np.array([[9, -1]])})
-    assert out["q"].tolist() == [[9, -1, -1]]
+    assert out["q"].tolist() == [[9, -1, 0]] and out[LENGTHS][:, 2].tolist() == [2]
+    # ... a masked one is padded: masked entries are not ids.
+    padded = np.ma.masked_array([[9, -1, 4, 5], [7, 0, 0, 0], [0, 8, 0, 6]],
+                                mask=[[0, 0, 0, 0], [0, 1, 1, 1], [1, 0, 1, 0]])
+    out = encode([SPECS[4]], {"q": padded})
+    assert out["q"].tolist() == [[-1, 4, 5], [7, 0, 0], [8, 6, 0]]
+    assert out[LENGTHS].tolist() == [[3], [1], [2]]
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"c": pa.array([1, -5, 2], pa.int64())}, "feature 'c': negative id -5"),
     ({"c": pa.array(["1", "2", "3"])}, "feature 'c' is declared int64 but the column holds strings"),
     ({"s": pa.array([1, 2, 3])}, "feature 's' is declared string"),
     ({"n": pa.array(["x", "y", "z"])}, "feature 'n': expected a numeric column"),
     ({"n": pa.array([1.0, np.inf, 0.0])}, "feature 'n': column holds \\+-inf"),
     ({"q": pa.array([1, 2, 3])}, "feature 'q': expected a list column"),
     ({"q": pa.array([[1, None], [], []], pa.list_(pa.int64()))}, "feature 'q': null inside"),
-    ({"q": pa.array([[1, -3], [], []], pa.list_(pa.int64()))}, "feature 'q': negative id"),
+    ({"c": pa.array([1.0, 2.0, 3.0])}, "feature 'c': expected int64 or string ids"),
 ])
 def test_bad_input_names_the_feature(overrides, message):
     with pytest.raises(FeatureInputError, match=message):
@@ -115,11 +146,15 @@ def test_block_encoding_equals_one_feature_at_a_time(rows, num_ids, num_floats, 
     if not specs:
         return
     together = encode(specs, table)
-    assert set(together) == {s.name for s in specs}
+    assert set(together) == {s.name for s in specs} | ({LENGTHS} if num_ids else set())
     for spec in specs:
-        alone = encode([spec], table)[spec.name]
-        assert together[spec.name].dtype == alone.dtype
-        np.testing.assert_array_equal(together[spec.name], alone)
+        alone = encode([spec], table)
+        assert together[spec.name].dtype == alone[spec.name].dtype
+        np.testing.assert_array_equal(together[spec.name], alone[spec.name])
+    for j in range(num_ids):     # column j of LENGTHS: 0 at a null of c{j}
+        np.testing.assert_array_equal(together[LENGTHS][:, j],
+                                      table.column(f"c{j}").is_valid().to_numpy(
+                                          zero_copy_only=False))
 
 
 def test_block_errors_name_the_feature():
@@ -127,11 +162,6 @@ def test_block_errors_name_the_feature():
     table = _wide_table(rng, 8, 4, 3, 1, False)
     specs = [rk.features.Categorical(f"c{j}", dim=4) for j in range(4)] \
         + [rk.features.Numeric(f"f{j}") for j in range(3)]
-    ids = table.column("c2").to_numpy().copy()
-    ids[5] = -7
-    bad_ids = table.set_column(2, "c2", pa.array(ids))
-    with pytest.raises(FeatureInputError, match="feature 'c2': negative id -7"):
-        encode(specs, bad_ids)
     values = table.column("f1").to_numpy().copy()
     values[3] = -np.inf
     bad_values = table.set_column(5, "f1", pa.array(values))
@@ -204,3 +234,38 @@ def test_vector_features_stay_out_of_the_scalar_block():
     table = pa.table({name: pa.array([1.0, 2.0], pa.float32()) for name in "abv"})
     with pytest.raises(FeatureInputError, match="feature 'v': expected a list column"):
         encode(specs, table)
+
+
+WEIGHTED = rk.features.Sequence("tags", dim=4, max_len=3, combiner="mean",
+                                weights="tag_weights")
+
+
+def test_weighted_sequence_weights_align_with_the_kept_ids():
+    out = encode([WEIGHTED], {
+        "tags": pa.array([[1, 2, 3, 4], [], None, [-9]]),
+        "tag_weights": pa.array([[0.1, 0.2, 0.3, 0.4], [], None, [2.5]])})
+    assert out["tags"].tolist() == [[2, 3, 4], [0, 0, 0], [0, 0, 0], [-9, 0, 0]]
+    np.testing.assert_array_equal(out["tag_weights"], np.array(
+        [[0.2, 0.3, 0.4], [0, 0, 0], [0, 0, 0], [2.5, 0, 0]], np.float32))
+    assert out[LENGTHS].tolist() == [[3], [0], [0], [1]]
+
+
+@pytest.mark.parametrize("weights, message", [
+    (pa.array([[0.5, 1.0], [1.0]]), "feature 'tags': weights column 'tag_weights': row 0 "
+                                    "has 2 weights for 1 ids"),
+    (pa.array([[0.5], None]), "row 1 has 0 weights for 2 ids"),
+    (pa.array([[np.nan], [1.0, 2.0]]), "holds a non-finite weight \\(nan\\)"),
+    (pa.array([[np.inf], [1.0, 2.0]]), "holds a non-finite weight \\(inf\\)"),
+    (pa.array([[None], [1.0, 2.0]], pa.list_(pa.float64())), "null inside the weights"),
+    (pa.array([["a"], ["b", "c"]]), "holds list<item: string>, expected a list of numbers"),
+    (pa.array([1.0, 2.0]), "feature 'tags': expected a list column of weights"),
+])
+def test_bad_weights_name_the_feature_and_column(weights, message):
+    with pytest.raises(FeatureInputError, match=message):
+        encode([WEIGHTED], {"tags": pa.array([[4], [5, 6]]), "tag_weights": weights})
+
+
+def test_missing_weights_column_names_it():
+    with pytest.raises(FeatureInputError,
+                       match="feature 'tags': the batch has no column 'tag_weights'"):
+        encode([WEIGHTED], {"tags": pa.array([[4]])})

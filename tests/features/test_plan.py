@@ -18,6 +18,19 @@ from reckeras.backend_kernels.dispatch import TRITON_AVAILABLE
 from reckeras.backend_kernels.hashing import INT64_MAX, mix64, mix64_numpy
 from reckeras.features.encode import encode
 from reckeras.features.plan import TransformPlan
+from reckeras.features.specs import LENGTHS
+
+
+def with_lengths(plan, inputs, lengths):
+    """`inputs` plus LENGTHS: `lengths[name]` for the named features, 1 (a
+    Categorical) or `max_len` (a Sequence) for the others."""
+    batch = len(next(iter(inputs.values())))
+    columns = [torch.as_tensor(lengths[s.name]) if s.name in lengths else
+               torch.full((batch,), getattr(s, "max_len", 1)) for s in plan.with_lengths]
+    if columns:
+        inputs = {**inputs, LENGTHS: torch.stack(columns, dim=1).to(torch.int32)
+                  if batch else torch.zeros(0, len(columns), dtype=torch.int32)}
+    return inputs
 
 
 def hash_combine(columns):
@@ -169,17 +182,69 @@ def test_packed_sparse_layout_and_transforms():
     a = torch.tensor([3, -1])
     h = torch.tensor([2**62, 5])
     b = torch.tensor([-1.0, float("nan")])
-    s = torch.tensor([[4, 5, -1], [-1, -1, -1]])
-    packed = plan.packed_sparse({"a": a, "h": h, "b": b, "s": s})
+    s = torch.tensor([[4, -1, 9], [0, 0, 0]])
+    packed = plan.packed_sparse(with_lengths(plan, {"a": a, "h": h, "b": b, "s": s},
+                                             {"s": [2, 0]}))
     h_bucket = (mix64(h) % 7)
     # Crosses combine the members' raw ids, before their own hash_buckets.
     expected_cross = mix64(torch.from_numpy(hash_combine(torch.stack([a, h])))) % 11
-    expected_ids = torch.cat([a, h_bucket, torch.tensor([0, -1]),
-                              expected_cross, torch.tensor([4, 5])])
+    # -1 is an id like any other; NaN is in b's missing bucket (3).
+    expected_ids = torch.cat([a, h_bucket, torch.tensor([0, 3]),
+                              expected_cross, torch.tensor([4, -1])])
     assert packed["ids"].tolist() == expected_ids.tolist()
     # 4 single-valued slots x 2 examples, then sequence bags of 2 and 0 ids.
     assert packed["offsets"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 10]
     assert (h_bucket >= 0).all() and (expected_cross >= 0).all()
+
+
+def test_a_missing_categorical_and_its_crosses_have_empty_bags():
+    specs = [rk.features.Categorical("a", dim=4), rk.features.Categorical("c", dim=4),
+             rk.features.Categorical("b", dim=4, boundaries=[0.0]),
+             rk.features.Cross(["a", "b"], dim=4, hash_buckets=50),
+             rk.features.Cross(["c", "b"], dim=4, hash_buckets=50),
+             rk.features.Sequence("s", dim=4, max_len=2)]
+    plan = TransformPlan(specs)
+    a, c = torch.tensor([5, 6, 7]), torch.tensor([-8, -9, 0])
+    b = torch.tensor([1.0, -1.0, float("nan")])
+    s = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    packed = plan.packed_sparse(with_lengths(plan, {"a": a, "c": c, "b": b, "s": s},
+                                             {"a": [1, 0, 1], "s": [1, 0, 2]}))
+    lengths = packed["offsets"].diff().view(len(plan.slots), 3).tolist()
+    # Slots a, c, b, a_x_b, c_x_b, s: a's second example is missing, and so
+    # is the cross of it; c_x_b and the bucketized b stay.
+    assert lengths == [[1, 0, 1], [1, 1, 1], [1, 1, 1], [1, 0, 1], [1, 1, 1], [1, 0, 2]]
+    ids = packed["ids"].tolist()
+    assert ids[:8] == [5, 7, -8, -9, 0, 1, 0, 2]
+    assert ids[-3:] == [1, 5, 6]
+
+
+def test_lengths_out_of_range_are_refused_and_absent_lengths_mean_full():
+    plan = TransformPlan([rk.features.Categorical("a", dim=4),
+                          rk.features.Sequence("s", dim=4, max_len=2)])
+    inputs = {"a": torch.tensor([1, 2]), "s": torch.zeros(2, 2, dtype=torch.int64)}
+    with pytest.raises(ValueError, match="feature 's': its lengths must lie in \\[0, 2\\]"):
+        plan.packed_sparse(with_lengths(plan, inputs, {"s": [3, 0]}))
+    with pytest.raises(ValueError, match="feature 'a': its lengths must lie in \\[0, 1\\]"):
+        plan.packed_sparse(with_lengths(plan, inputs, {"a": [1, -1]}))
+    # Without LENGTHS every Categorical has its id and every row is full.
+    full = plan.packed_sparse({"a": torch.tensor([1, 2]), "s": torch.tensor([[3, 4], [5, 6]])})
+    assert full["ids"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert full["offsets"].tolist() == [0, 1, 2, 4, 6]
+
+
+def test_weighted_sequences_pack_their_weights_and_ones_elsewhere():
+    specs = [rk.features.Categorical("a", dim=4),
+             rk.features.Sequence("s", dim=4, max_len=3, weights="sw"),
+             rk.features.Sequence("t", dim=4, max_len=2)]
+    plan = TransformPlan(specs)
+    inputs = {"a": torch.tensor([1, 2]), "s": torch.tensor([[4, 5, 6], [7, 8, 9]]),
+              "sw": torch.tensor([[0.5, -2.0, 9.0], [3.0, 9.0, 9.0]]),
+              "t": torch.tensor([[1, 2], [3, 4]])}
+    packed = plan.packed_sparse(with_lengths(plan, inputs, {"s": [2, 1], "t": [0, 2]}))
+    assert packed["ids"].tolist() == [1, 2, 4, 5, 7, 3, 4]
+    assert packed["weights"].tolist() == [1.0, 1.0, 0.5, -2.0, 3.0, 1.0, 1.0]
+    assert "weights" not in TransformPlan(specs[:1]).packed_sparse(
+        with_lengths(TransformPlan(specs[:1]), {"a": torch.tensor([1])}, {}))
 
 
 def test_bucketize_boundaries_per_feature():
@@ -190,13 +255,13 @@ def test_bucketize_boundaries_per_feature():
     ids = plan.packed_sparse({"x": x, "y": y})["ids"]
     expected_x = np.searchsorted([1, 2, 3], x.numpy(), side="right")
     assert ids[:4].tolist() == expected_x.tolist()
-    assert ids[4:].tolist() == [0, 1, 1, -1]
+    assert ids[4:].tolist() == [0, 1, 1, 2]          # NaN: y's missing bucket
 
 
 def test_hash_buckets_stay_in_range_for_extreme_ids():
     plan = TransformPlan([rk.features.Categorical("x", dim=2, hash_buckets=3)])
     ids = torch.tensor([0, INT64_MAX, -(2**63), -1])
-    out = plan.packed_sparse({"x": ids})["ids"]
+    out = plan.packed_sparse(with_lengths(plan, {"x": ids}, {}))["ids"]
     assert ((out >= 0) & (out < 3)).all()
 
 
@@ -250,19 +315,25 @@ def triton_route(monkeypatch):
     return run
 
 
-def expected_launches(plan, batch, num_ids):
-    """One launch per transform kind present (none for an empty batch)."""
+def expected_launches(plan, batch, offsets):
+    """One launch per transform kind present (none for an empty batch; no
+    packing without a sequence id)."""
+    sequence_ids = int(offsets[-1] - offsets[len(plan.single_slots) * batch])
     kinds = {"_bucketize_kernel": plan.bucketized, "_cross_kernel": plan.crosses,
              "_hash_into_buckets_kernel": any(s.hash_buckets for s in plan.single_slots),
-             "_count_present_kernel": plan.sequences,
-             "_pack_sequences_kernel": plan.sequences and num_ids > len(
-                 plan.single_slots) * batch}
+             "_pack_sequences_kernel": plan.sequences and sequence_ids > 0}
     return {name: 1 for name, present in kinds.items() if present and batch}
 
 
 def naive_packed(plan, inputs, batch):
     """The packed batch by per-feature, per-example Python loops."""
     by_name = {s.name: s for s in plan.slots}
+    column = {s.name: j for j, s in enumerate(plan.with_lengths)}
+
+    def length(spec):
+        if spec.name not in column:             # bucketized: always one id
+            return [1] * batch
+        return inputs[LENGTHS][:, column[spec.name]].tolist()
 
     def categorical(spec):
         if spec.boundaries is None:
@@ -270,17 +341,22 @@ def naive_packed(plan, inputs, batch):
         values = inputs[spec.name].float().numpy()
         buckets = np.searchsorted(np.array(spec.boundaries, dtype=np.float32), values,
                                   side="right")
-        return torch.from_numpy(np.where(np.isnan(values), -1, buckets).astype(np.int64))
+        missing = len(spec.boundaries) + 1
+        return torch.from_numpy(np.where(np.isnan(values), missing, buckets)
+                                .astype(np.int64))
 
     bags = []
     for spec in plan.slots:
         if isinstance(spec, rk.features.Sequence):
-            rows = [[i for i in row if i != -1] for row in inputs[spec.name].tolist()]
+            rows = [row[:n] for row, n in zip(inputs[spec.name].tolist(), length(spec))]
         elif isinstance(spec, rk.features.Cross):
             members = torch.stack([categorical(by_name[m]) for m in spec.names])
-            rows = [[i] for i in hash_combine(members).tolist()]
+            present = np.all([length(by_name[m]) for m in spec.names], axis=0)
+            rows = [[i] if p else [] for i, p in
+                    zip(hash_combine(members).tolist(), present.reshape(-1).tolist())]
         else:
-            rows = [[i] for i in categorical(spec).tolist()]
+            rows = [[i] if n else [] for i, n in
+                    zip(categorical(spec).tolist(), length(spec))]
         if spec.hash_buckets:
             rows = [(mix64(torch.tensor(r, dtype=torch.int64)) % spec.hash_buckets).tolist()
                     for r in rows]
@@ -317,16 +393,17 @@ def random_specs(rng):
 
 
 def random_inputs(rng, specs, batch):
-    inputs = {}
+    """Random inputs of the specs, LENGTHS included: rows hold random ids
+    past their lengths too (they must not be read), some Categoricals miss."""
+    inputs, lengths = {}, {}
     for spec in specs:
         if isinstance(spec, rk.features.Sequence):
-            rows = torch.full((batch, spec.max_len), -1, dtype=torch.int64)
-            for b in range(batch):
-                length = rng.choice([0, spec.max_len, rng.randint(0, spec.max_len)])
-                rows[b, :length] = torch.tensor(
-                    [rng.choice([rng.randint(-5, 50), rng.randint(-2**63, 2**63 - 1)])
-                     for _ in range(length)], dtype=torch.int64)
-            inputs[spec.name] = rows
+            inputs[spec.name] = torch.tensor(
+                [[rng.choice([rng.randint(-5, 50), rng.randint(-2**63, 2**63 - 1)])
+                  for _ in range(spec.max_len)] for _ in range(batch)],
+                dtype=torch.int64).view(batch, spec.max_len)
+            lengths[spec.name] = [rng.choice([0, spec.max_len, rng.randint(0, spec.max_len)])
+                                  for _ in range(batch)]
         elif isinstance(spec, rk.features.Categorical) and spec.boundaries is not None:
             inputs[spec.name] = torch.tensor(
                 [rng.choice([float("nan"), INF, -INF, spec.boundaries[0],
@@ -336,8 +413,16 @@ def random_inputs(rng, specs, batch):
             inputs[spec.name] = torch.tensor(
                 [rng.choice([-1, rng.randint(0, 20), rng.randint(-2**63, 2**63 - 1)])
                  for _ in range(batch)], dtype=torch.int64)
+            if rng.random() < 0.5:
+                lengths[spec.name] = [int(rng.random() < 0.7) for _ in range(batch)]
         elif isinstance(spec, rk.features.Numeric):
             inputs[spec.name] = torch.rand(batch)
+    batch_lengths = [torch.tensor(lengths[s.name]) if s.name in lengths else
+                     torch.full((batch,), getattr(s, "max_len", 1))
+                     for s in TransformPlan(specs).with_lengths]
+    if batch_lengths:
+        inputs[LENGTHS] = torch.stack(batch_lengths, dim=1).to(torch.int32).view(
+            batch, len(batch_lengths))
     return inputs
 
 
@@ -353,7 +438,7 @@ def test_triton_route_equals_the_cpu_route_on_random_specs(triton_route, rng, ba
     packed, launches = triton_route(plan, inputs)
     assert torch.equal(packed["ids"], cpu["ids"])
     assert torch.equal(packed["offsets"], cpu["offsets"])
-    assert launches == expected_launches(plan, batch, cpu["ids"].numel())
+    assert launches == expected_launches(plan, batch, cpu["offsets"])
 
 
 EDGE_SPECS = [rk.features.Categorical("a", dim=3),
@@ -369,15 +454,15 @@ EDGE_SPECS = [rk.features.Categorical("a", dim=3),
 
 def edge_inputs(batch, sequence_lengths):
     g = torch.Generator().manual_seed(batch)
-    t = torch.full((batch, 130), -1, dtype=torch.int64)
-    s = torch.full((batch, 3), -1, dtype=torch.int64)
-    for b, length in enumerate(sequence_lengths):
-        t[b, :length] = torch.randint(-2**62, 2**62, (length,), generator=g)
-        s[b, :min(length, 3)] = torch.arange(min(length, 3)) + 10 * b
+    t = torch.randint(-2**62, 2**62, (batch, 130), generator=g)
+    s = torch.arange(3).repeat(batch, 1) + 10 * torch.arange(batch)[:, None]
     edge_ids = torch.tensor([-1, 0, INT64_MAX, -(2**63), -5, 3])
     edge_values = torch.tensor([float("nan"), INF, -INF, 0.0, 10.0, -1e30])
-    return {"a": edge_ids[:batch], "h": edge_ids.flip(0)[:batch],
-            "b": edge_values[:batch], "w": edge_values.flip(0)[:batch], "s": s, "t": t}
+    inputs = {"a": edge_ids[:batch], "h": edge_ids.flip(0)[:batch],
+              "b": edge_values[:batch], "w": edge_values.flip(0)[:batch], "s": s, "t": t}
+    return with_lengths(TransformPlan(EDGE_SPECS), inputs, {
+        "a": [1, 0, 1, 1, 0, 1][:batch], "s": [min(n, 3) for n in sequence_lengths],
+        "t": sequence_lengths})
 
 
 @pytest.mark.parametrize("batch,sequence_lengths", [
@@ -395,7 +480,7 @@ def test_triton_route_edge_cases(triton_route, batch, sequence_lengths):
     packed, launches = triton_route(plan, inputs)
     assert torch.equal(packed["ids"], cpu["ids"])
     assert torch.equal(packed["offsets"], cpu["offsets"])
-    assert launches == expected_launches(plan, batch, cpu["ids"].numel())
+    assert launches == expected_launches(plan, batch, cpu["offsets"])
     assert cpu["offsets"].numel() == len(plan.slots) * batch + 1
 
 
@@ -415,7 +500,7 @@ def test_one_launch_per_kind_whatever_the_number_of_features(triton_route, featu
     cpu = plan.packed_sparse(inputs)
     assert torch.equal(packed["ids"], cpu["ids"])
     assert torch.equal(packed["offsets"], cpu["offsets"])
-    assert launches == expected_launches(plan, 2, cpu["ids"].numel())
+    assert launches == expected_launches(plan, 2, cpu["offsets"])
 
 
 def test_infinite_values_fall_in_the_last_bucket_of_their_own_feature():
@@ -423,12 +508,14 @@ def test_infinite_values_fall_in_the_last_bucket_of_their_own_feature():
                           rk.features.Categorical("y", dim=2, boundaries=[1, 2, 3, 4])])
     inf = torch.tensor([INF, -INF])
     assert plan.packed_sparse({"x": inf, "y": inf})["ids"].tolist() == [1, 0, 4, 0]
+    nan = torch.tensor([float("nan")])
+    assert plan.packed_sparse({"x": nan, "y": nan})["ids"].tolist() == [2, 5]
 
 
 def test_sequences_of_the_wrong_width_are_refused():
     plan = TransformPlan([rk.features.Sequence("s", dim=2, max_len=3)])
     with pytest.raises(ValueError, match=r"feature 's': expected \[2, 3\]"):
-        plan.packed_sparse({"s": torch.full((2, 4), -1)})
+        plan.packed_sparse(with_lengths(plan, {"s": torch.full((2, 4), 5)}, {"s": [1, 1]}))
 
 
 def test_planned_tensors_are_copied_to_a_device_once():

@@ -18,9 +18,25 @@ def make_columns():
 
 def test_inputs_dtypes_and_shapes():
     inputs = make_columns().inputs()
-    assert set(inputs) == {"n1", "n2", "c", "s"}
+    assert list(inputs) == ["n1", "n2", "c", "s", rk.features.LENGTHS]
     assert inputs["c"].dtype == "int64" and inputs["n1"].dtype == "float32"
     assert tuple(inputs["s"].shape) == (None, 3)
+    # The lengths of c and s, one column each.
+    lengths = inputs[rk.features.LENGTHS]
+    assert lengths.dtype == "int32" and tuple(lengths.shape) == (None, 2)
+
+
+def test_sequence_mask_follows_the_lengths():
+    columns = make_columns()
+    inputs = columns.inputs()
+    mask_model = keras.Model(inputs, columns.sequence_mask(inputs, "s"))
+    raw = columns.encode({"n1": [1.0] * 3, "n2": [1.0] * 3, "c": [1, 2, 3],
+                          "s": pa.array([[-1, -1], [], [4, 5, 6, 7]])})
+    mask = mask_model({k: torch.tensor(v) for k, v in raw.items()})
+    assert keras.ops.convert_to_numpy(mask).tolist() == [
+        [True, True, False], [False, False, False], [True, True, True]]
+    with pytest.raises(ValueError, match="'c' is not a Sequence feature"):
+        columns.sequence_mask(inputs, "c")
 
 
 def test_call_in_functional_model_and_values():
