@@ -23,7 +23,8 @@ def small_model():
 
 
 def tensors(n=5):
-    return {"n": torch.linspace(0, 1, n), "a": torch.arange(n, dtype=torch.int64)}
+    return {"n": torch.linspace(0, 1, n), "a": torch.arange(n, dtype=torch.int64),
+            rk.features.LENGTHS: torch.ones(n, 1, dtype=torch.int32)}
 
 
 def test_keras_device_and_torch_dtype():
@@ -114,7 +115,7 @@ class _open_context:
 def test_functional_inputs_are_the_declared_dict():
     model, columns = small_model()
     declared = compat.functional_inputs(model)
-    assert set(declared) == {"n", "a"}
+    assert set(declared) == {"n", "a", rk.features.LENGTHS}
     assert all(isinstance(t, keras.KerasTensor) for t in declared.values())
 
 

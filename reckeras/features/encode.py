@@ -309,8 +309,8 @@ def encode(specs: _Sequence[Any],
     inputs = _plain_blocks(specs, table, positions)
     lengths = {}                       # the lengths that are not all 1
     for spec in specs:                 # host side, once per column and batch
-        if spec.name in inputs:
-            continue
+        if spec.name in inputs or not isinstance(spec, (Numeric, Categorical, Sequence)):
+            continue                   # encoded as a block, or a Cross (no column)
         column = _column(table, positions, spec)
         if isinstance(spec, Numeric):
             inputs[spec.name] = _vectors(spec, column) if spec.shape \

@@ -248,7 +248,8 @@ class TransformPlan:
         # {"ids": [-7, 4, 5], "offsets": [0, 1, 1, 3, 3]}
         ```
         """
-        lengths = self._checked_lengths(inputs) if LENGTHS in inputs else None
+        lengths, every_id_present = self._checked_lengths(inputs) \
+            if LENGTHS in inputs else (None, True)
         weights = None
         if self.sequences:
             values, offsets, weights = self._sequences(
@@ -256,8 +257,8 @@ class TransformPlan:
             if not self.single_slots:
                 return self._packed(values, offsets, weights)
         single = self._single_valued(inputs)
-        present = self._single_present(lengths[:len(self.ids)]) \
-            if self.ids and lengths is not None else None
+        present = None if every_id_present else \
+            self._single_present(lengths[:len(self.ids)])
         if present is None:          # one id per bag
             single = single.reshape(-1)
             single_offsets = torch.arange(single.numel() + 1, device=single.device)
@@ -281,28 +282,30 @@ class TransformPlan:
         return packed
 
     def _checked_lengths(self, inputs):
-        """The `[R, B]` LENGTHS (column by column), each in its range."""
+        """`(lengths, every_id_present)`: the `[R, B]` LENGTHS (column by
+        column), each checked in its range, and whether every id Categorical
+        has its id in every example (one pass over the lengths, one sync)."""
         lengths = inputs[LENGTHS].t()
         if lengths.shape[0] != len(self.with_lengths):
             raise ValueError(f"{LENGTHS!r} has {lengths.shape[0]} columns, expected "
                              f"{len(self.with_lengths)}: one per id Categorical and "
                              f"Sequence")
-        if lengths.shape[1]:
-            low, high = torch.aminmax(lengths, dim=1)      # one pass, one sync
-            bounds = self._on(lengths.device)["length_bounds"]
-            bad = (low < 0) | (high > bounds)
-            if bool(bad.any()):
-                spec = self.with_lengths[int(bad.to(torch.int8).argmax())]
-                bound = spec.max_len if isinstance(spec, Sequence) else 1
-                raise ValueError(f"feature {spec.name!r}: its lengths must lie in "
-                                 f"[0, {bound}]")
-        return lengths
+        if not lengths.shape[1]:
+            return lengths, True
+        low, high = torch.aminmax(lengths, dim=1)
+        bad = (low < 0) | (high > self._on(lengths.device)["length_bounds"])
+        any_bad, every_id_present = torch.stack(
+            [bad.any(), (low[:len(self.ids)] == 1).all()]).tolist()
+        if any_bad:
+            spec = self.with_lengths[int(bad.to(torch.int8).argmax())]
+            bound = spec.max_len if isinstance(spec, Sequence) else 1
+            raise ValueError(f"feature {spec.name!r}: its lengths must lie in "
+                             f"[0, {bound}]")
+        return lengths, every_id_present
 
     def _single_present(self, id_lengths):
-        """`[S_single, B]` bool: where each single-valued slot has its id, or
-        None when every one has (the common case, told by one reduction)."""
-        if not id_lengths.numel() or bool(id_lengths.min() == 1):
-            return None
+        """`[S_single, B]` bool: where each single-valued slot has its id (a
+        Cross where all its members have theirs)."""
         present = id_lengths.bool()
         if self.bucketized:
             present = torch.cat([present, present.new_ones(len(self.bucketized),
