@@ -405,7 +405,7 @@ class EmbeddingEngine:
         for store in self.tables:
             store.release_pins()
 
-    def _group_layout(self, offsets, batch, per_id, ids, weights):
+    def _group_layout(self, offsets, batch, per_id, ids, weights=None):
         # Without sequences a bag holds one id or none (a missing value):
         # N == S * B tells that every bag holds one.
         if self.packing.has_sequences or ids.numel() != batch * self.packing.num_slots:

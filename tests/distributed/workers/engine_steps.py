@@ -26,6 +26,7 @@ from reckeras import distributed  # noqa: E402
 from reckeras.embedding.engine import EmbeddingEngine  # noqa: E402
 from reckeras.embedding.packing import PackingPlan  # noqa: E402
 from reckeras.features.plan import TransformPlan  # noqa: E402
+from reckeras.features.specs import LENGTHS  # noqa: E402
 
 mode = sys.argv[1]
 world = distributed.init(timeout_s=60)
@@ -54,9 +55,15 @@ def batch(step, rows=12):
     # requested by several ranks and owned by one.
     rng = np.random.default_rng(1000 * step + world.rank)
     zipf = np.minimum(rng.zipf(1.3, size=(rows, 2)), 40)
+    # Some a's are missing and the histories have every length (LENGTHS
+    # columns: a, b, h); -1 is an id like any other.
+    present = rng.random(rows) < 0.8
+    present[0] = True                  # check_deferred poisons example 0's "a"
+    lengths = np.stack([present, np.ones(rows), rng.integers(0, 5, rows)], axis=1)
     return plan.packed_sparse({"a": torch.tensor(zipf[:, 0]),
                                "b": torch.tensor(zipf[:, 1]),
-                               "h": torch.tensor(rng.integers(-1, 15, size=(rows, 4)))})
+                               "h": torch.tensor(rng.integers(-1, 15, size=(rows, 4))),
+                               LENGTHS: torch.tensor(lengths, dtype=torch.int32)})
 
 
 def flat(outputs):
