@@ -3,6 +3,8 @@ dense-only floors (small workloads, and the `huge` one at batch 16), and the
 floor/overhead arithmetic of its table."""
 
 import keras
+
+import reckeras as rk
 import pytest
 
 import baselines
@@ -25,7 +27,7 @@ def test_floor_model_keeps_the_dense_network_and_drops_the_lookup(small_workload
     assert [shape[1] for shape in _dense_kernel_shapes(model)] == widths
     assert _dense_kernel_shapes(floor) == _dense_kernel_shapes(model)
     assert sorted(floor.feature_columns.input_names) == sorted(
-        [f"I{i}" for i in range(1, 14)] + ["C1"])
+        [f"I{i}" for i in range(1, 14)] + ["C1", rk.features.LENGTHS])
 
 
 @pytest.mark.parametrize("floor", [False, True], ids=["model", "floor"])
