@@ -457,6 +457,11 @@ class HostCachedTable(RowStore):
         self.cache = RowCache(host, names, options, device)
 
     @property
+    def needs_tags(self) -> bool:
+        """Whether the host tier keeps each row's logical table."""
+        return self.host.needs_tags
+
+    @property
     def dim(self) -> int:
         """The row width."""
         return self.host.dim
@@ -511,13 +516,15 @@ class HostCachedTable(RowStore):
         Args:
             keys: int64 table keys.
             training: create host rows for new keys; the rows become dirty.
-            tags: unused: every key gets a row (see `needs_tags`).
+            tags: each key's logical table, kept for new host rows where the
+                host tier tracks them (`needs_tags`), else None.
 
         Returns:
             `(slots, pin)`.
         """
         with self.locked():
-            rows = self.host.rows_of(keys.to(self.host.device), insert=training)
+            rows = self.host.rows_of(keys.to(self.host.device), insert=training,
+                                     tags=tags)
             return self.place(rows, training)
 
     def place(self, index_rows: torch.Tensor, training: bool) -> tuple[torch.Tensor, Pin]:
@@ -525,11 +532,14 @@ class HostCachedTable(RowStore):
 
         Args:
             index_rows: int64 host rows (-1: none).
-            training: the rows become dirty.
+            training: the rows become dirty, and are marked written in the
+                host tier (a delta checkpoint saves them).
 
         Returns:
             `(slots, pin)`.
         """
+        if training:
+            self.host.mark_written(index_rows)
         return self.cache.resolve(index_rows, training)
 
     def check_fits(self, keys: torch.Tensor, training: bool) -> None:
@@ -578,6 +588,20 @@ class HostCachedTable(RowStore):
         with self.cache.lock:
             self.cache.write_back()
             return self.host.export()
+
+    def export_changes(self, since: int) -> dict[str, np.ndarray]:
+        """The rows changed after generation `since`, with their newest
+        values (the cache writes back first), and the keys deleted since.
+
+        Args:
+            since: the generation of the checkpoint the changes are relative to.
+
+        Returns:
+            `PhysicalTable.export_changes` of the host tier.
+        """
+        with self.cache.lock:
+            self.cache.write_back()
+            return self.host.export_changes(since)
 
     def load(self, arrays: dict) -> None:
         """Replaces every row; the cache empties (its copies are void).

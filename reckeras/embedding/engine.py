@@ -123,7 +123,8 @@ class EmbeddingEngine:
         cached = plan.host_cached(group)
         table = PhysicalTable(dim, init_scale or dim ** -0.5, seed,
                               name=f"{names} (dim {dim})",
-                              pin_memory=cached and torch.cuda.is_available())
+                              pin_memory=cached and torch.cuda.is_available(),
+                              num_tables=len(names))
         store = HostCachedTable(table, names, options, cache_device) if cached else table
         if any(o.uses_lifecycle for o in options):
             store = RowLifecycle(store, options)

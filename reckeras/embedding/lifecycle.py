@@ -19,7 +19,10 @@ Eviction runs at the start of a training step (`begin_step`), before the
 step resolves any row, so no step ever sees rows move under it. The
 lifecycle counts per row of the wrapped store's `index` and changes that
 index only inside the store's `locked`, so a `host_cached` store's prefetch
-never runs beside it.
+never runs beside it. Each row's logical table (which limits apply to it) is
+the index's `tags`, kept by the index itself (and saved in checkpoints).
+Freed rows become the index's tombstones, so a delta checkpoint deletes
+them too.
 """
 
 from __future__ import annotations
@@ -112,7 +115,8 @@ class RowLifecycle(RowStore):
         self.pending = KeyCounter()
         self.last_step = torch.zeros(0, dtype=torch.int64)
         self.hits = torch.zeros(0, dtype=torch.int64)
-        self.tag = torch.zeros(0, dtype=torch.int64)
+        if len(options) > 1:          # per-table limits: the index keeps each row's table
+            store.index.track_tags()
         self.evicted = 0
         self.step = 0
 
@@ -130,7 +134,7 @@ class RowLifecycle(RowStore):
             return
         with self.store.locked():
             n = self.index.num_rows
-            tag = self.tag[:n]
+            tag = self._tags(n)
             stale = (step - self.last_step[:n]) > self.idle_limit[tag]
             stale |= self.hits[:n] < self.min_hits[tag]
             freed = int(stale.sum())
@@ -159,6 +163,14 @@ class RowLifecycle(RowStore):
             rows = self._admitted_rows(keys.to(index.device), tags.to(index.device))
             return self.store.place(rows, training)
 
+    def _tags(self, n):
+        """The logical table of the index's first `n` rows (0 where unknown:
+        rows loaded without tags)."""
+        tags = self.index.tags
+        if tags is None:
+            return torch.zeros(n, dtype=torch.int64)
+        return tags[:n].to("cpu", torch.int64).clamp(min=0)
+
     def _admitted_rows(self, keys, tags):
         index = self.index
         rows = index.find(keys)
@@ -167,11 +179,7 @@ class RowLifecycle(RowStore):
             seen = self.pending.add(keys[absent])
             admitted = absent[seen >= self.admit_after[tags[absent]]]
             if admitted.numel():
-                before = index.num_rows
-                rows[admitted] = index.find_or_insert(keys[admitted])
-                self._fit_rows()
-                self.tag[before:index.num_rows] = 0
-                self.tag[rows[admitted]] = tags[admitted]
+                rows[admitted] = index.find_or_insert(keys[admitted], tags[admitted])
         self._fit_rows()
         live = rows[rows >= 0]
         self.last_step[live] = self.step
@@ -184,7 +192,6 @@ class RowLifecycle(RowStore):
             extra = capacity - self.last_step.numel()
             self.last_step = torch.cat([self.last_step, torch.zeros(extra, dtype=torch.int64)])
             self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.int64)])
-            self.tag = torch.cat([self.tag, torch.zeros(extra, dtype=torch.int64)])
 
     # ---- the rest is the wrapped store's ----------------------------------------------
 
@@ -287,28 +294,41 @@ class RowLifecycle(RowStore):
         """The wrapped store's rows (admission counts and row ages are not saved).
 
         Returns:
-            `{"keys", "weights", "state"}` numpy arrays.
+            `{"keys", "weights", "state"}` numpy arrays (and `"tags"`).
         """
         return self.store.export()
+
+    def export_changes(self, since: int) -> dict[str, np.ndarray]:
+        """The wrapped store's changes: rows it admitted or updated after
+        generation `since`, and the keys it freed since (tombstones).
+
+        Args:
+            since: the generation of the checkpoint the changes are relative to.
+
+        Returns:
+            `RowStore.export_changes`'s arrays.
+        """
+        return self.store.export_changes(since)
 
     def load(self, arrays: dict) -> None:
         """Loads the wrapped store.
 
-        An export holds no row ages, hit counts or tags, and the loaded rows
-        are numbered anew: they start with none, as in a process that loads
-        the same export fresh. Admission counts (per key) are kept.
+        An export holds no row ages or hit counts, and the loaded rows are
+        numbered anew: they start with none, as in a process that loads the
+        same export fresh. Admission counts (per key) are kept; the rows'
+        tables come with the export's tags.
 
         Args:
-            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors.
+            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors
+                (and `"tags"`).
         """
         self.store.load(arrays)
-        self.last_step, self.hits, self.tag = (torch.zeros(0, dtype=torch.int64)
-                                               for _ in range(3))
+        self.last_step, self.hits = (torch.zeros(0, dtype=torch.int64) for _ in range(2))
         self._fit_rows()
 
     def compact(self, keep: torch.Tensor) -> torch.Tensor:
-        """The wrapped store's `compact`; row ages, hits and tags move with
-        their rows.
+        """The wrapped store's `compact`; row ages and hits move with their
+        rows (tags move in the index).
 
         Args:
             keep: int64 ascending rows of `index` to keep.
@@ -316,12 +336,12 @@ class RowLifecycle(RowStore):
         Returns:
             The new row of each kept row.
         """
-        kept = [values[keep] for values in (self.last_step, self.hits, self.tag)]
+        kept = [values[keep] for values in (self.last_step, self.hits)]
         rows = self.store.compact(keep)
         capacity = self.index.weights.shape[0]
-        self.last_step, self.hits, self.tag = (torch.zeros(capacity, dtype=torch.int64)
-                                               for _ in range(3))
-        for values, old in zip((self.last_step, self.hits, self.tag), kept):
+        self.last_step, self.hits = (torch.zeros(capacity, dtype=torch.int64)
+                                     for _ in range(2))
+        for values, old in zip((self.last_step, self.hits), kept):
             values[rows] = old
         return rows
 

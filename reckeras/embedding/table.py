@@ -17,6 +17,16 @@ under one half, and the row arrays double when full. A new row's initial
 value is a function of its key and the table's seed only, so it is the same
 whatever the batch order or the rank that creates it. The table knows nothing
 of a cache in front of it: the store that owns both keeps them consistent.
+
+Every `PhysicalTable` also tracks what changed, for delta checkpoints (see
+`checkpoint`): `written_at[row]` is the save *generation* in which the row
+was last resolved for training (so its value or state may have changed),
+set with one indexed write per lookup (`mark_written`); keys whose rows were
+freed (`compact`) or replaced (`load`) are kept as *tombstones* with their
+generation. A table that packs several logical tables also keeps each row's
+logical table (`tags`, the index among the physical table's tables; -1:
+unknown), so that a checkpoint can be loaded into a model whose tables
+changed.
 """
 
 from __future__ import annotations
@@ -78,6 +88,10 @@ class RowStore(abc.ABC):
       `[..., state width]`, the arrays lookups read and the optimizer updates.
     * `row_bound` (int): every row `resolve` returns is below it.
     * `num_rows` (int): rows this store holds.
+
+    Rows a training `resolve` (or `place`) returns are marked written in
+    `index` (`PhysicalTable.mark_written`): they are the only rows a step
+    can change, so `export_changes` finds every changed row.
 
     Methods with a body here are what a store without a device tier does
     (nothing); `PhysicalTable` keeps them.
@@ -195,6 +209,20 @@ class RowStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    def export_changes(self, since: int) -> dict[str, np.ndarray]:
+        """A copy of the rows changed after save generation `since`, and the
+        keys deleted since.
+
+        Args:
+            since: the generation of the checkpoint the changes are relative to.
+
+        Returns:
+            `export()`'s arrays for the rows written in a later generation,
+            plus `"deleted"`: int64 keys that had a row then or since and
+            have none now.
+        """
+
+    @abc.abstractmethod
     def load(self, arrays: dict) -> None:
         """Replaces every row by exported arrays (the inverse of `export`).
 
@@ -233,7 +261,8 @@ class PhysicalTable(RowStore):
     """Rows of one dim, found by int64 key: the `"device"` row store.
 
     Its arrays live on `device`, and the rows it resolves are rows of its own
-    arrays (it is its own `index`).
+    arrays (it is its own `index`). It tracks the rows written and the keys
+    deleted per save generation (see the module docstring).
 
     Args:
         dim: row width.
@@ -243,6 +272,8 @@ class PhysicalTable(RowStore):
         name: how errors name the table (its logical tables).
         pin_memory: allocate rows and state in pinned host memory (a host
             tier copied to and from a GPU cache).
+        num_tables: logical tables packed into it; with more than one, each
+            row's logical table is kept (`tags`) and `resolve` reads tags.
 
     Example:
 
@@ -255,7 +286,7 @@ class PhysicalTable(RowStore):
 
     def __init__(self, dim: int, init_scale: float = 0.05, seed: int = 0,
                  device: str | torch.device | None = None, name: str | None = None,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, num_tables: int = 1):
         self.dim = dim
         self.init_scale = init_scale
         self.seed = seed
@@ -268,6 +299,15 @@ class PhysicalTable(RowStore):
         self.weights = torch.zeros(1, dim, device=self.device)
         self.state = torch.zeros(1, 0, device=self.device)
         self.state_init = 0.0
+        self.needs_tags = False
+        self.tags = None
+        if num_tables > 1:
+            self.track_tags()
+        # One entry per row of capacity plus a last one that the row -1 (an
+        # id without a row) writes into, so marking needs no mask.
+        self.written_at = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self.generation = 1
+        self.deleted = []           # tombstones: (int64 keys on the CPU, generation)
 
     # ---- the row store -----------------------------------------------------------
 
@@ -288,13 +328,14 @@ class PhysicalTable(RowStore):
 
         Args:
             keys: int64 table keys.
-            training: create rows for new keys.
-            tags: unused: every key gets a row (see `needs_tags`).
+            training: create rows for new keys and mark them written.
+            tags: each key's logical table, kept for new rows where the
+                table tracks tags (`needs_tags`), else None.
 
         Returns:
             `(rows, None)`.
         """
-        return self.rows_of(keys, insert=training), None
+        return self.place(self.rows_of(keys, insert=training, tags=tags), training)
 
     def locked(self) -> ContextManager:
         """Nothing runs beside the step on a device table (no prefetch).
@@ -306,15 +347,18 @@ class PhysicalTable(RowStore):
 
     def place(self, index_rows: torch.Tensor,
               training: bool) -> tuple[torch.Tensor, None]:
-        """The index rows are the lookup's rows.
+        """The index rows are the lookup's rows; a training lookup marks them
+        written.
 
         Args:
             index_rows: int64 rows of this table (-1: none).
-            training: unused: rows need no marking for an update.
+            training: the lookup will update the rows.
 
         Returns:
             `(index_rows, None)`.
         """
+        if training:
+            self.mark_written(index_rows)
         return index_rows, None
 
     def configure_state(self, width: int, initial_value: float) -> None:
@@ -326,6 +370,7 @@ class PhysicalTable(RowStore):
         """
         if self.state.shape[1] != width:
             self.state = self._rows_storage(self.weights.shape[0], width, initial_value)
+            self.written_at[:self.num_rows] = self.generation   # every row's state reset
         self.state_init = initial_value
 
     def stats(self) -> dict:
@@ -337,15 +382,24 @@ class PhysicalTable(RowStore):
         return {"dim": self.dim, "rows": self.num_rows, "bytes": self.memory_bytes()}
 
     def memory_bytes(self) -> int:
-        """Bytes of the index, keys, rows and optimizer state.
+        """Bytes of the index, keys, rows, optimizer state and change tracking.
 
         Returns:
             The bytes of every array the table holds.
         """
-        tensors = (self.slot_keys, self.slot_rows, self.keys, self.weights, self.state)
+        tensors = [self.slot_keys, self.slot_rows, self.keys, self.weights, self.state,
+                   self.written_at] + ([] if self.tags is None else [self.tags])
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # ---- the hash index and the row arrays ------------------------------------------
+
+    def track_tags(self) -> None:
+        """Keeps each row's logical table from now on (rows that exist get
+        -1, unknown); `resolve` then reads tags."""
+        if self.tags is None:
+            self.tags = torch.full((self.weights.shape[0],), -1, dtype=torch.int32,
+                                   device=self.device)
+        self.needs_tags = True
 
     def _reserve(self, extra_keys):
         needed = self.num_rows + extra_keys
@@ -387,13 +441,22 @@ class PhysicalTable(RowStore):
         state[:self.num_rows] = self.state[:self.num_rows]
         keys = torch.empty(new_capacity, dtype=torch.int64, device=self.device)
         keys[:self.num_rows] = self.keys[:self.num_rows]
-        self.weights, self.state, self.keys = weights, state, keys
+        written = torch.zeros(new_capacity + 1, dtype=torch.int32, device=self.device)
+        written[:self.num_rows] = self.written_at[:self.num_rows]
+        if self.tags is not None:
+            tags = torch.empty(new_capacity, dtype=torch.int32, device=self.device)
+            tags[:self.num_rows] = self.tags[:self.num_rows]
+            self.tags = tags
+        self.weights, self.state, self.keys, self.written_at = weights, state, keys, written
 
-    def find_or_insert(self, keys: torch.Tensor) -> torch.Tensor:
+    def find_or_insert(self, keys: torch.Tensor,
+                       tags: torch.Tensor | None = None) -> torch.Tensor:
         """Rows of `keys`, creating (and initializing) rows for new keys.
 
         Args:
             keys: int64 keys (duplicates allowed).
+            tags: each key's logical table, kept for new rows where the
+                table tracks tags (None: unknown, -1).
 
         Returns:
             int64 rows, one per key.
@@ -420,6 +483,12 @@ class PhysicalTable(RowStore):
             self.weights[before:after] = initial_rows(created, self.dim,
                                                       self.init_scale, self.seed)
             self.state[before:after] = self.state_init
+            self.written_at[before:after] = 0
+            if self.tags is not None:
+                self.tags[before:after] = -1
+                if tags is not None:
+                    self.tags[new_rows] = tags.to(self.device).index_select(
+                        0, absent).to(torch.int32)
             self.num_rows = after
         return rows
 
@@ -434,17 +503,54 @@ class PhysicalTable(RowStore):
         """
         return hash_table.find(self.slot_keys, self.slot_rows, keys)
 
-    def rows_of(self, keys: torch.Tensor, insert: bool) -> torch.Tensor:
+    def rows_of(self, keys: torch.Tensor, insert: bool,
+                tags: torch.Tensor | None = None) -> torch.Tensor:
         """`find_or_insert` when `insert`, else `find`.
 
         Args:
             keys: int64 keys.
             insert: create rows for new keys.
+            tags: the keys' logical tables, for new rows (see `find_or_insert`).
 
         Returns:
             int64 rows (-1: no row, only without `insert`).
         """
-        return self.find_or_insert(keys) if insert else self.find(keys)
+        return self.find_or_insert(keys, tags) if insert else self.find(keys)
+
+    # ---- change tracking ---------------------------------------------------------------
+
+    def mark_written(self, rows: torch.Tensor) -> None:
+        """Marks rows written in the current generation (the training hot path:
+        one indexed write; the row -1 lands in a spare last entry).
+
+        Args:
+            rows: int64 rows of this table, -1 allowed.
+        """
+        self.written_at[rows] = self.generation
+
+    def next_generation(self) -> int:
+        """Ends the current generation (a checkpoint captured it): rows
+        written from now on are newer than that checkpoint.
+
+        Returns:
+            The generation that ended.
+        """
+        self.generation += 1
+        return self.generation - 1
+
+    def forget_deleted(self, until: int) -> None:
+        """Drops the tombstones of generations up to `until` (no delta will
+        be saved against a checkpoint older than that one).
+
+        Args:
+            until: a generation that has ended.
+        """
+        self.deleted = [(keys, generation) for keys, generation in self.deleted
+                        if generation > until]
+
+    def _tombstone(self, keys):
+        if keys.numel():
+            self.deleted.append((keys.to("cpu", copy=True), self.generation))
 
     # ---- checkpoints and compaction --------------------------------------------------
 
@@ -452,40 +558,83 @@ class PhysicalTable(RowStore):
         """A copy of the live rows (see `RowStore.export`).
 
         Returns:
-            `{"keys", "weights", "state"}` numpy arrays.
+            `{"keys", "weights", "state"}` numpy arrays, and `"tags"`
+            (int32) where the table tracks them.
         """
-        n = self.num_rows
+        return self._rows(slice(0, self.num_rows))
+
+    def _rows(self, rows):
+        arrays = [("keys", self.keys), ("weights", self.weights), ("state", self.state)]
+        if self.tags is not None:
+            arrays.append(("tags", self.tags))
         # A copy even on the CPU: a snapshot must not follow later updates.
-        return {name: values[:n].to("cpu", copy=True).numpy()
-                for name, values in (("keys", self.keys), ("weights", self.weights),
-                                     ("state", self.state))}
+        return {name: values[rows].to("cpu", copy=True).numpy() for name, values in arrays}
+
+    def export_changes(self, since: int) -> dict[str, np.ndarray]:
+        """The rows written after generation `since` and the keys deleted
+        since (see `RowStore.export_changes`).
+
+        Args:
+            since: a generation that has ended (`next_generation`).
+
+        Returns:
+            `export()`'s arrays for the changed rows, and `"deleted"`.
+        """
+        changed = (self.written_at[:self.num_rows] > since).nonzero().squeeze(1)
+        arrays = self._rows(changed)
+        deleted = [keys for keys, generation in self.deleted if generation > since]
+        deleted = torch.unique(torch.cat(deleted)) if deleted else \
+            torch.empty(0, dtype=torch.int64)
+        # A key freed and created again holds a row: it is among the changed rows.
+        arrays["deleted"] = deleted[self.find(deleted.to(self.device)).cpu() < 0].numpy()
+        return arrays
 
     def load(self, arrays: dict) -> None:
         """Replaces the content with exported arrays (see `RowStore.load`).
 
+        Every loaded row counts as written, and every key held before as
+        deleted: a delta against an earlier checkpoint stays exact.
+
         Args:
-            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors.
+            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors,
+                and optionally `"tags"` (missing: unknown, -1).
         """
         keys = _tensor(arrays["keys"], torch.int64, self.device)
         weights = _tensor(arrays["weights"], None, self.device)
-        state = _tensor(arrays["state"], None, self.device)
         if weights.shape != (keys.numel(), self.dim):
             raise ValueError(f"table of dim {self.dim} cannot load weights of shape "
                              f"{tuple(weights.shape)} for {keys.numel()} keys")
+        self._tombstone(self.keys[:self.num_rows])
+        tags = arrays.get("tags")
+        self._replace(keys, weights, _tensor(arrays["state"], None, self.device),
+                      None if tags is None else _tensor(tags, torch.int32, self.device),
+                      torch.full((keys.numel(),), self.generation, dtype=torch.int32,
+                                 device=self.device))
+
+    def _replace(self, keys, weights, state, tags, written):
+        """Rebuilds the index and the arrays from these rows."""
         self.slot_keys, self.slot_rows = hash_table.new_slots(
             hash_table.capacity_for(keys.numel()), self.device)
         self.num_rows = 0
-        self.weights = self._rows_storage(max(1, keys.numel()), self.dim, 0.0)
-        self.keys = torch.empty(max(1, keys.numel()), dtype=torch.int64, device=self.device)
+        capacity = max(1, keys.numel())
+        self.weights = self._rows_storage(capacity, self.dim, 0.0)
+        self.keys = torch.empty(capacity, dtype=torch.int64, device=self.device)
         width = state.shape[1] if state.ndim == 2 else self.state.shape[1]
-        self.state = self._rows_storage(self.weights.shape[0], width, self.state_init)
+        self.state = self._rows_storage(capacity, width, self.state_init)
+        self.written_at = torch.zeros(capacity + 1, dtype=torch.int32, device=self.device)
+        if self.tags is not None:
+            self.tags = torch.full((capacity,), -1, dtype=torch.int32, device=self.device)
         rows = self.find_or_insert(keys)
         self.weights[rows] = weights.float()
         if state.numel():
             self.state[rows] = state.float()
+        self.written_at[rows] = written
+        if self.tags is not None and tags is not None:
+            self.tags[rows] = tags
 
     def compact(self, keep: torch.Tensor) -> torch.Tensor:
-        """Keeps only the rows `keep` (see `RowStore.compact`).
+        """Keeps only the rows `keep` (see `RowStore.compact`); the keys of
+        the others become tombstones.
 
         Args:
             keep: int64 ascending rows to keep.
@@ -493,8 +642,12 @@ class PhysicalTable(RowStore):
         Returns:
             The new row of each kept row.
         """
+        kept = torch.zeros(self.num_rows, dtype=torch.bool, device=self.device)
+        kept[keep] = True
+        self._tombstone(self.keys[:self.num_rows][~kept])
         keys = self.keys[keep]
-        self.load({"keys": keys, "weights": self.weights[keep], "state": self.state[keep]})
+        self._replace(keys, self.weights[keep], self.state[keep],
+                      None if self.tags is None else self.tags[keep], self.written_at[keep])
         return self.find(keys)
 
 

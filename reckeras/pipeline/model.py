@@ -329,29 +329,65 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 "requests_imbalance": imbalance([s["requests"] for s in per_rank])}
         return result
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, base: str | None = None) -> None:
         """Saves dense weights, tables and optimizer state, from every rank.
 
         Atomic (a crash leaves the previous checkpoint loadable) and
-        re-shardable: `load_checkpoint` works on any number of ranks. See
-        `reckeras.embedding.checkpoint`. Every rank must call it.
+        re-shardable: `load_checkpoint` works on any number of ranks. With
+        `base`, a delta: the dense weights whole, and only the table rows
+        (with their optimizer state) written since `base` and the keys
+        deleted since; loading it loads `base` first. See
+        `reckeras.embedding.checkpoint` and `docs/continuous.md`. Every rank
+        must call it.
 
         Args:
             path: checkpoint directory on a filesystem all ranks share.
+            base: for a delta, a checkpoint this model saved, or loaded
+                exactly, since its last full save or load; None (default)
+                for a full checkpoint.
+
+        Raises:
+            ValueError: `base` is `path`, or not a checkpoint this model
+                saved or loaded since its last full one.
 
         Example:
 
         ```python
         model.save_checkpoint("ckpt/epoch3")
+        model.fit(train, epochs=4, initial_epoch=3)
+        model.save_checkpoint("ckpt/epoch4", base="ckpt/epoch3")   # a delta
         ```
         """
-        checkpoint.save_checkpoint(self, path)
+        checkpoint.save_checkpoint(self, path, base=base)
 
-    def load_checkpoint(self, path: str) -> None:
-        """Restores a checkpoint saved by `save_checkpoint` on any world size.
+    def load_checkpoint(self, path: str, warm_start: bool = False,
+                        rename_tables: dict[str, str | None] | None = None,
+                        skip_mismatch: bool = False) -> checkpoint.LoadReport:
+        """Restores a checkpoint (full, or a delta and its bases) saved on any world size.
+
+        Exact by default: the model must be the one saved. With
+        `warm_start=True` it may have changed: tables are matched by name
+        (tables it added start fresh, tables it dropped are skipped and
+        reported, `rename_tables` maps old names to new ones, a table whose
+        dim changed raises), dense variables by path with their shapes
+        checked; the Keras optimizer's state is then not restored. Nothing
+        changes if any check fails. See `docs/continuous.md`.
 
         Args:
             path: checkpoint directory.
+            warm_start: load into a changed model (match by name).
+            rename_tables: `{checkpoint table: model table}`; a value of
+                None skips that table (warm start only).
+            skip_mismatch: keep the model's value of a dense variable whose
+                shape differs instead of raising (warm start only).
+
+        Returns:
+            A `reckeras.embedding.checkpoint.LoadReport`: the chain loaded,
+            and what a warm start added, skipped and renamed.
+
+        Raises:
+            CheckpointError: a file is missing, damaged, of another save, or
+                does not fit the model; the model is unchanged.
 
         Example:
 
@@ -360,7 +396,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         model.fit(train, epochs=5, initial_epoch=3)
         ```
         """
-        checkpoint.load_checkpoint(self, path)
+        return checkpoint.load_checkpoint(self, path, warm_start=warm_start,
+                                          rename_tables=rename_tables,
+                                          skip_mismatch=skip_mismatch)
 
     # ---- steps ---------------------------------------------------------------------
 

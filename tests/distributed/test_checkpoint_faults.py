@@ -97,7 +97,7 @@ def test_an_intact_checkpoint_restores_the_state_of_the_save(trained, ckpt):
     fresh.load_checkpoint(ckpt)
     assert same(at_save, state(fresh))
     index = json.load(open(os.path.join(ckpt, "index.json")))
-    assert index["format_version"] == 2
+    assert index["format_version"] == 3
     for name, entry in index["files"].items():
         assert entry["bytes"] == os.path.getsize(os.path.join(ckpt, name))
 
@@ -144,15 +144,15 @@ def test_an_index_of_another_format_is_refused(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
     index = json.load(open(path))
     del index["index_crc32"]                 # a format this reckeras does not know
-    json.dump({**index, "format_version": 3}, open(path, "w"))
-    assert_fails_naming(trained[0], ckpt, path, "format_version 3")
+    json.dump({**index, "format_version": 4}, open(path, "w"))
+    assert_fails_naming(trained[0], ckpt, path, "format_version 4")
 
 
 def test_a_flipped_format_version_is_damage(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
     text = open(path).read()
-    assert '"format_version": 2' in text
-    open(path, "w").write(text.replace('"format_version": 2', '"format_version": 3'))
+    assert '"format_version": 3' in text
+    open(path, "w").write(text.replace('"format_version": 3', '"format_version": 2'))
     assert_fails_naming(trained[0], ckpt, path, "damaged")
 
 

@@ -226,4 +226,4 @@ def test_lifecycle_wrapper_moves_its_counts_with_compaction():
     store.begin_step(4)              # 10 and 20 idle since step 1: freed, 30 moves
     assert store.evicted == 2 and store.num_rows == 1
     (row,) = store.index.find(torch.tensor([30])).tolist()
-    assert row == 0 and store.last_step[row] == 3 and store.tag[row] == 1
+    assert row == 0 and store.last_step[row] == 3 and store.index.tags[row] == 1
