@@ -16,7 +16,11 @@ class ModelCheckpoint(keras.callbacks.Callback):
 
     Unlike `keras.callbacks.ModelCheckpoint`, it writes with
     `rk.Model.save_checkpoint`: every rank saves the rows it owns, the save
-    is atomic, and the result loads on any number of ranks.
+    is atomic, and the result loads on any number of ranks. With
+    `full_every=k`, every k-th save (the first, the (k+1)-th, ...) is a full
+    checkpoint and the others are deltas against the save before them
+    (only the rows written since; see `docs/continuous.md`): loading the
+    latest loads its chain back to the last full one.
 
     Args:
         filepath: checkpoint directory; may contain `{epoch}` and log names,
@@ -25,6 +29,13 @@ class ModelCheckpoint(keras.callbacks.Callback):
         mode: `"min"`, `"max"` or `"auto"` (max for names containing
             "auc" or "acc", else min).
         save_best_only: only save when `monitor` improves.
+        full_every: write a full checkpoint every this many saves and
+            deltas between them; None (default): every save is full.
+
+    Raises:
+        ValueError: an unknown `mode`, a `full_every` below 1, or
+            `full_every` with a `filepath` without `{epoch}` (each delta
+            needs a directory of its own, its base stays beside it).
 
     Example:
 
@@ -32,20 +43,32 @@ class ModelCheckpoint(keras.callbacks.Callback):
     model.fit(train, epochs=3, validation_data=test, callbacks=[
         rk.callbacks.ModelCheckpoint("ckpt/epoch{epoch}", monitor="val_auc",
                                      save_best_only=True)])
+    # A full checkpoint every 5 epochs, deltas in between.
+    model.fit(train, epochs=20, callbacks=[
+        rk.callbacks.ModelCheckpoint("ckpt/epoch{epoch}", full_every=5)])
     ```
     """
 
     def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss",
-                 mode: str = "auto", save_best_only: bool = False):
+                 mode: str = "auto", save_best_only: bool = False,
+                 full_every: int | None = None):
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
+        if full_every is not None:
+            if not (isinstance(full_every, int) and full_every >= 1):
+                raise ValueError(f"full_every must be a positive int or None, "
+                                 f"got {full_every!r}")
+            if "{epoch" not in os.fspath(filepath):
+                raise ValueError(f"full_every needs a filepath with {{epoch}} (each delta "
+                                 f"is a directory of its own), got {os.fspath(filepath)!r}")
         if mode == "auto":
             mode = "max" if ("auc" in monitor or "acc" in monitor) else "min"
         self.filepath = os.fspath(filepath)
         self.monitor = monitor
         self.mode = mode
         self.save_best_only = save_best_only
+        self.full_every = full_every
         self.best = -math.inf if mode == "max" else math.inf
         self.saved = []
 
@@ -61,7 +84,8 @@ class ModelCheckpoint(keras.callbacks.Callback):
                 return
             self.best = value
         path = self.filepath.format(epoch=epoch + 1, **logs)
-        self.model.save_checkpoint(path)
+        delta = self.full_every is not None and len(self.saved) % self.full_every != 0
+        self.model.save_checkpoint(path, base=self.saved[-1] if delta else None)
         self.saved.append(path)
 
 
