@@ -2,7 +2,10 @@
 
 Importing reckeras selects Keras's torch backend when `KERAS_BACKEND` is
 unset, and raises `reckeras.BackendError` when Keras already runs another
-backend. It also tunes glibc's allocator for training (see
+backend. Submodules load when first used, and importing reckeras imports no
+Keras: `reckeras.serving` predicts without it. Once Keras is imported,
+reckeras's Keras classes are registered (`keras.models.load_model` finds
+them). It also tunes glibc's allocator for training (see
 `reckeras._allocator`; `RECKERAS_MALLOC_TUNING=0` turns that off).
 
 Example:
@@ -15,26 +18,51 @@ columns = rk.layers.FeatureColumns([rk.features.Numeric("I1"),
 ```
 """
 
+import importlib
+
 from reckeras._allocator import tune_malloc
 from reckeras._backend import BackendError, select_torch_backend
+from reckeras import _lazy
+from reckeras._lazy import after_import
 
 select_torch_backend()
 tune_malloc()
 
-from reckeras import callbacks  # noqa: E402
-from reckeras import datasets  # noqa: E402
-from reckeras import distributed  # noqa: E402
-from reckeras import embedding  # noqa: E402
-from reckeras import features  # noqa: E402
-from reckeras import layers  # noqa: E402
-from reckeras import metrics  # noqa: E402
-from reckeras import models  # noqa: E402
-from reckeras import optimizers  # noqa: E402
-from reckeras.pipeline.guard import NonFiniteStepError  # noqa: E402
-from reckeras.pipeline.model import Model  # noqa: E402
-
-
 __version__ = "0.1.0"
 
-__all__ = ["BackendError", "Model", "NonFiniteStepError", "callbacks", "datasets", "distributed", "embedding", "features",
-           "layers", "metrics", "models", "optimizers"]
+_SUBMODULES = ("callbacks", "datasets", "distributed", "embedding", "features", "layers",
+               "metrics", "models", "optimizers", "serving")
+_NAMES = {"Model": "reckeras.pipeline.model", "NonFiniteStepError": "reckeras.pipeline.guard"}
+# What registers reckeras's classes with Keras (layers, losses, metrics, the
+# Model): imported as soon as Keras is, so `keras.models.load_model` finds them.
+_KERAS_FACING = ("reckeras.layers", "reckeras.callbacks", "reckeras.metrics",
+                 "reckeras.optimizers", "reckeras.models", "reckeras.pipeline.model")
+
+__all__ = ["BackendError", "Model", "NonFiniteStepError", *_SUBMODULES]
+
+
+def __getattr__(name: str) -> object:
+    # Submodules load on first use: `import reckeras.serving` stays Keras-free.
+    if name not in _SUBMODULES and name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if f"{__name__}.{name}" in _KERAS_FACING or name in _NAMES:
+        importlib.import_module("keras")    # registers every Keras-facing module
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    return getattr(importlib.import_module(_NAMES[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def _import_keras_facing() -> None:
+    # Keras imported by one of these modules mid-import (`import
+    # reckeras.layers` before Keras): importing the others now would meet it
+    # half-initialized; what the user imports registers itself then.
+    if not _lazy.importing_submodule_of(__name__):
+        for module in _KERAS_FACING:
+            importlib.import_module(module)
+
+
+after_import("keras", _import_keras_facing)

@@ -198,6 +198,26 @@ def collective(what: str) -> Iterator[None]:
             f"({type(error).__name__}: {str(error).splitlines()[0][:200]})") from error
 
 
+def barrier(what: str) -> None:
+    """Waits until every rank reaches this point (nothing to do on one rank).
+
+    Args:
+        what: what the ranks wait for, for a `PeerFailureError`'s message.
+
+    Raises:
+        PeerFailureError: a peer died or hung past the timeout.
+
+    Example:
+
+    ```python
+    rk.distributed.barrier("every rank's table files are written")
+    ```
+    """
+    if world().size > 1:
+        with collective(what):
+            dist.barrier()
+
+
 def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
     """Averages a list of tensors across ranks in place, in one collective.
 

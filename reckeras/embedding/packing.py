@@ -191,3 +191,37 @@ class PackingPlan:
     def num_slots(self) -> int:
         """Sparse features (slots) of the packed batch."""
         return len(self.slots)
+
+    def assemble(self, groups: list, output: str) -> torch.Tensor | dict:
+        """The embedding layer's output from the engine's per-table lookups.
+
+        Args:
+            groups: `EmbeddingEngine.lookup`'s `(pooled, sequences)` per
+                physical table.
+            output: `"stacked"` (`[B, F, D]`, one dim), `"concat"`
+                (`[B, sum of dims]`) or `"dict"` (`{feature: [B, D]}`, with
+                `[B, max_len, D]` for unpooled sequences), the features in
+                declaration order.
+
+        Returns:
+            A tensor, or a dict of tensors for `"dict"`.
+
+        Example:
+
+        ```python
+        out = packing.assemble(engine.lookup(ids, offsets, training=False), "concat")
+        ```
+        """
+        if output == "stacked":
+            return groups[0][0]
+        if output == "concat" and len(groups) == 1:
+            pooled = groups[0][0]
+            return pooled.reshape(pooled.shape[0], -1)
+        by_name = {}
+        for layout, (pooled, sequences) in zip(self.layouts, groups):
+            for index, name in enumerate(layout.pooled):   # a few dims: views
+                by_name[name] = pooled[:, index]
+            by_name.update(sequences)
+        if output == "dict":
+            return {name: by_name[name] for name in self.output_names}
+        return torch.cat([by_name[n] for n in self.output_names], dim=1)

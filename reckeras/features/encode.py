@@ -74,6 +74,8 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
 
     Raises:
         TypeError: for any other kind of batch.
+        FeatureInputError: Python lists of one column that pyarrow cannot
+            make one column of (mixed types), naming the column.
 
     Example:
 
@@ -100,12 +102,23 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
             elif isinstance(values, np.ndarray) and values.ndim == 2:
                 values = pa.FixedSizeListArray.from_arrays(
                     pa.array(values.reshape(-1)), values.shape[1])
+            elif isinstance(values, (list, tuple)):
+                # Python lists (JSON): nested lists are list columns.
+                values = _python_column(name, values)
             elif not isinstance(values, (pa.Array, pa.ChunkedArray)):
                 values = pa.array(np.asarray(values) if np.ndim(values) else values)
             columns[name] = values
         return pa.table(columns)
     raise TypeError(f"a batch must be a pyarrow RecordBatch/Table or a dict of "
                     f"arrays, got {type(batch).__name__}")
+
+
+def _python_column(name: str, values: list | tuple) -> pa.Array:
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as error:
+        raise FeatureInputError(f"column {name!r}: its values do not make one "
+                                f"column ({error})") from None
 
 
 def _column(table: pa.Table, positions: dict[str, int], spec: Any,

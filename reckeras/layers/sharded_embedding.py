@@ -112,20 +112,7 @@ class ShardedEmbedding(keras.layers.Layer):
         # this very batch (`EmbeddingEngine.route_ahead`), or None.
         groups = self.engine.lookup(sparse["ids"], sparse["offsets"], bool(training),
                                     routed=routed, weights=sparse.get("weights"))
-        if self.output_mode == "stacked":
-            return groups[0][0]
-        if self.output_mode == "concat" and len(groups) == 1:
-            pooled = groups[0][0]
-            return pooled.reshape(pooled.shape[0], -1)
-        by_name = {}
-        for layout, (pooled, sequences) in zip(self.packing.layouts, groups):
-            for index, name in enumerate(layout.pooled):   # a few dims: views
-                by_name[name] = pooled[:, index]
-            by_name.update(sequences)
-        if self.output_mode == "dict":
-            return {name: by_name[name] for name in self.packing.output_names}
-        return keras.ops.concatenate([by_name[n] for n in self.packing.output_names],
-                                     axis=1)
+        return self.packing.assemble(groups, self.output_mode)
 
     def compute_output_spec(self, sparse: dict, training: bool = False,
                             routed: Any = None) -> Any:

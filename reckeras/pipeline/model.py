@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from typing import Any, Callable
 
@@ -125,14 +126,16 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
     # ---- structure -------------------------------------------------------------
 
     def _layers_of(self, kind):
-        # A functional model's layers are fixed once it is built: walk them once.
+        # A functional model's layers are fixed once it is built: walk them
+        # once. Keyed by name: Keras tracks the dict, and pytrees of it (as
+        # torch.export walks) sort its keys.
         if not hasattr(self, "_layers_by_kind"):
             self._layers_by_kind = {}
-        if kind not in self._layers_by_kind:
-            self._layers_by_kind[kind] = [
+        if kind.__qualname__ not in self._layers_by_kind:
+            self._layers_by_kind[kind.__qualname__] = [
                 layer for layer in _keras_compat.walk_layers(self)
                 if isinstance(layer, kind)]
-        return self._layers_by_kind[kind]
+        return self._layers_by_kind[kind.__qualname__]
 
     @property
     def feature_columns(self) -> FeatureColumns:
@@ -159,6 +162,40 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 if [s.name for s in layer.packing.slots] == names
                 and _keras_compat.called_once_on_outputs_of(layer, columns)]
         return self._fed_layers
+
+    def export_serving(self, path: str | os.PathLike, rows: str = "float32") -> str:
+        """Writes the model's serving artifact, which `rk.serving.load` reads
+        without Keras.
+
+        The artifact holds the feature specs with their adapted statistics
+        (the predictor runs the same transforms), every table's keys and
+        rows (no optimizer state), the dense network as a `torch.export`
+        program, and a manifest with versions and checksums. Under torchrun
+        every rank calls it and writes its own rows; the artifact loads in
+        one process. See `docs/serving.md`.
+
+        Args:
+            path: the artifact directory (replaced if it exists).
+            rows: `"float32"`, `"float16"` or `"int8"` (row-wise quantized:
+                a scale and bias per row).
+
+        Returns:
+            The artifact's path.
+
+        Raises:
+            ValueError: an unknown `rows`, or an embedding layer that does
+                not read the FeatureColumns' output.
+
+        Example:
+
+        ```python
+        model.export_serving("exported/ctr", rows="int8")
+        predictor = rk.serving.load("exported/ctr")
+        ```
+        """
+        from reckeras.serving.export import export_serving
+
+        return export_serving(self, self._layers_fed_by_columns(), path, rows)
 
     # ---- compile -----------------------------------------------------------------
 

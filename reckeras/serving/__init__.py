@@ -1,0 +1,23 @@
+"""Serving: a trained model's artifact, predicted on without Keras.
+
+`rk.Model.export_serving(path)` writes the artifact (feature specs with their
+adapted statistics, the tables' rows, the dense network as a `torch.export`
+program, a manifest with checksums); `load(path)` returns a `Predictor`
+whose `predict` takes raw columns and returns numpy. Importing this package
+imports no Keras. `python -m reckeras.serving PATH --port N` serves it over
+HTTP.
+
+Example:
+
+```python
+import reckeras.serving
+
+predictor = reckeras.serving.load("exported/ctr")
+predictor.predict({"I1": [1.0], "C1": [42]})
+```
+"""
+
+from reckeras.serving.artifact import ArtifactError
+from reckeras.serving.predictor import Predictor, load
+
+__all__ = ["ArtifactError", "Predictor", "load"]

@@ -1,0 +1,229 @@
+"""The serving artifact on disk: its layout, manifest, checksums and rows.
+
+An artifact is a directory:
+
+    manifest.json                     format, versions, features, layers, files
+    dense.pt2                         the dense network (`torch.export`)
+    tables/L{l}.T{t}.r{rank}.safetensors
+                                      keys and rows of physical table t of
+                                      embedding layer l, as rank `rank` of
+                                      the exporting job held them
+
+The manifest names every file with its size and CRC-32, so a truncated or
+altered file is found when the artifact loads. Rows are stored as float32,
+float16 or int8; int8 rows are quantized row by row, with a float32 scale and
+bias per row (`row = scale * q + bias`, `q` in [-128, 127]).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = "reckeras-serving"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PROGRAM = "dense.pt2"
+ROW_PRECISIONS = ("float32", "float16", "int8")
+_CHUNK = 8 << 20
+
+
+class ArtifactError(ValueError):
+    """A serving artifact that is missing, damaged or of another format.
+
+    The message names the file at fault.
+
+    Example:
+
+    ```python
+    try:
+        rk.serving.load("exported/model")
+    except rk.serving.ArtifactError as error:
+        print(error)   # exported/model/tables/L0.T0.r0.safetensors: ...
+    ```
+    """
+
+
+def table_file(layer: int, table: int, rank: int) -> str:
+    """The artifact-relative path of one rank's rows of one table.
+
+    Args:
+        layer: the embedding layer's index.
+        table: the physical table's index in the layer.
+        rank: the rank that wrote the rows.
+
+    Returns:
+        `"tables/L{layer}.T{table}.r{rank}.safetensors"`.
+
+    Example:
+
+    ```python
+    table_file(0, 1, 3)   # 'tables/L0.T1.r3.safetensors'
+    ```
+    """
+    return f"tables/L{layer}.T{table}.r{rank}.safetensors"
+
+
+def crc32_of(path: str) -> int:
+    """The CRC-32 of a file, read in chunks.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The checksum, an int.
+
+    Example:
+
+    ```python
+    crc32_of("exported/model/dense.pt2")
+    ```
+    """
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def file_entry(root: str, name: str) -> dict[str, int]:
+    """`{"bytes", "crc32"}` of a file of the artifact.
+
+    Args:
+        root: the artifact directory.
+        name: the file's path inside it.
+
+    Returns:
+        Its size and CRC-32.
+
+    Example:
+
+    ```python
+    file_entry("exported/model", "dense.pt2")   # {"bytes": 81234, "crc32": ...}
+    ```
+    """
+    path = os.path.join(root, name)
+    return {"bytes": os.path.getsize(path), "crc32": crc32_of(path)}
+
+
+def read_manifest(root: str) -> dict[str, Any]:
+    """The manifest of an artifact, with every file it names checked.
+
+    Args:
+        root: the artifact directory.
+
+    Returns:
+        The parsed manifest.
+
+    Raises:
+        ArtifactError: no manifest, another format or version, or a file
+            that is missing or whose size or CRC-32 differs (named).
+
+    Example:
+
+    ```python
+    manifest = read_manifest("exported/model")
+    manifest["features"][0]["class_name"]   # 'Numeric'
+    ```
+    """
+    path = os.path.join(root, MANIFEST)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ArtifactError(f"{root}: no serving artifact here (no {MANIFEST})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{path}: not a readable manifest ({error})") from None
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: format {manifest.get('format')!r} version "
+                            f"{manifest.get('format_version')!r}; this reckeras reads "
+                            f"{FORMAT!r} version {FORMAT_VERSION}")
+    for name, expected in manifest["files"].items():
+        file = os.path.join(root, name)
+        if not os.path.exists(file):
+            raise ArtifactError(f"{file}: missing")
+        if os.path.getsize(file) != expected["bytes"]:
+            raise ArtifactError(f"{file}: {os.path.getsize(file)} bytes, the manifest "
+                                f"says {expected['bytes']} (truncated or replaced)")
+        if crc32_of(file) != expected["crc32"]:
+            raise ArtifactError(f"{file}: its CRC-32 does not match the manifest "
+                                f"(the file is damaged)")
+    return manifest
+
+
+def write_manifest(root: str, manifest: dict[str, Any]) -> None:
+    """Writes the manifest (the last file of an export).
+
+    Args:
+        root: the artifact directory.
+        manifest: what `read_manifest` gives back.
+
+    Example:
+
+    ```python
+    write_manifest(tmp, {"format": FORMAT, "format_version": FORMAT_VERSION, ...})
+    ```
+    """
+    with open(os.path.join(root, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def encode_rows(weights: np.ndarray, precision: str) -> dict[str, np.ndarray]:
+    """The stored form of float32 rows.
+
+    Args:
+        weights: float32 `[n, dim]`.
+        precision: one of `ROW_PRECISIONS`.
+
+    Returns:
+        `{"rows": ...}` in that dtype; for `"int8"` also float32 `"scale"`
+        and `"bias"` per row: the row's range in 255 steps of `scale`, its
+        minimum at `q = -128` (`bias = minimum + 128 * scale`).
+
+    Example:
+
+    ```python
+    stored = encode_rows(np.array([[0.0, 1.0, 2.0]], np.float32), "int8")
+    decode_rows(stored)   # ~[[0.0, 1.0, 2.0]], error at most scale / 2
+    ```
+    """
+    if precision == "float32":
+        return {"rows": np.ascontiguousarray(weights, dtype=np.float32)}
+    if precision == "float16":
+        return {"rows": weights.astype(np.float16)}
+    low = weights.min(axis=1, keepdims=True) if weights.size else \
+        np.zeros((len(weights), 1), np.float32)
+    high = weights.max(axis=1, keepdims=True) if weights.size else low
+    # 256 levels from the row's minimum to its maximum: q + 128 steps of scale.
+    scale = np.where(high > low, (high - low) / 255.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint((weights - low) / scale) - 128, -128, 127).astype(np.int8)
+    return {"rows": q, "scale": scale[:, 0], "bias": (low + 128 * scale)[:, 0]
+            .astype(np.float32)}
+
+
+def decode_rows(stored: dict[str, torch.Tensor]) -> torch.Tensor:
+    """float32 rows of what `encode_rows` stored.
+
+    Args:
+        stored: `{"rows"}` (and `"scale"`, `"bias"` for int8).
+
+    Returns:
+        float32 `[n, dim]`.
+
+    Example:
+
+    ```python
+    decode_rows({"rows": torch.ones(2, 4, dtype=torch.float16)})   # float32 ones
+    ```
+    """
+    rows = stored["rows"]
+    if rows.dtype != torch.int8:
+        return rows.float()
+    return rows.float() * stored["scale"][:, None] + stored["bias"][:, None]

@@ -1,0 +1,198 @@
+"""Export of a trained `rk.Model` into a serving artifact (`artifact`).
+
+This side runs in the training process, with Keras: it traces the model's
+dense network with `torch.export` (the FeatureColumns and embedding layers
+replaced by the program's inputs, so the program holds every other layer as
+the model runs it) and writes every rank's rows. The predictor reads the
+artifact without Keras.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from safetensors.numpy import save_file
+
+import reckeras
+from reckeras import _keras_compat, distributed
+from reckeras.features.specs import Categorical, Numeric, Sequence, serialize
+from reckeras.serving import artifact
+
+
+def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
+                   rows: str = "float32") -> str:
+    """Writes the serving artifact of a trained model (every rank calls it).
+
+    Args:
+        model: a built `rk.Model`.
+        embedding_layers: its embedding layers, each fed the FeatureColumns'
+            packed batch (`rk.Model` passes them).
+        path: the artifact directory (replaced if it exists).
+        rows: row precision, one of `artifact.ROW_PRECISIONS`.
+
+    Returns:
+        The artifact's path.
+
+    Raises:
+        ValueError: an unknown precision, or an embedding layer that does
+            not read the FeatureColumns' output.
+
+    Example:
+
+    ```python
+    export_serving(model, model.embedding_layers, "exported/ctr", rows="int8")
+    ```
+    """
+    if rows not in artifact.ROW_PRECISIONS:
+        raise ValueError(f"rows must be one of {artifact.ROW_PRECISIONS}, got {rows!r}")
+    fed = set(map(id, embedding_layers))
+    stray = [layer.name for layer in model.embedding_layers if id(layer) not in fed]
+    if stray:
+        raise ValueError(f"embedding layer(s) {stray} do not read the FeatureColumns' "
+                         f"packed batch; export_serving needs every embedding layer "
+                         f"called once on it")
+    path = os.fspath(path)
+    world = distributed.world()
+    staging = path + ".tmp"
+    if world.rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(os.path.join(staging, "tables"))
+    distributed.barrier("the serving export's directory is made")
+    for index, layer in enumerate(embedding_layers):
+        for table, arrays in enumerate(layer.export_tables()):
+            stored = artifact.encode_rows(arrays["weights"], rows)
+            save_file({"keys": arrays["keys"], **stored},
+                      os.path.join(staging, artifact.table_file(index, table, world.rank)))
+    if world.rank == 0:
+        _export_program(model, embedding_layers, os.path.join(staging, artifact.PROGRAM))
+    distributed.barrier("every rank's rows and the program are written")
+    if world.rank == 0:
+        _write_manifest(model, embedding_layers, staging, rows, world.size)
+        _replace(staging, path)
+    distributed.barrier("the serving artifact is in place")
+    return path
+
+
+class _DenseNetwork(torch.nn.Module):
+    """The model with its FeatureColumns' and embedding layers' outputs as
+    inputs: what `torch.export` traces."""
+
+    def __init__(self, model, embedding_layers):
+        super().__init__()
+        self.model = model
+        self._columns = model.feature_columns
+        self._embedding_layers = embedding_layers
+        self._keys = list(_keras_compat.functional_inputs(model))
+
+    def forward(self, inputs: dict, dense: torch.Tensor, embedded: list) -> Any:
+        flat = [inputs[key] for key in self._keys]
+        # The graph maps the layer's outputs by structure: an empty packed batch.
+        no_ids = {"ids": dense.new_zeros(0, dtype=torch.int64),
+                  "offsets": dense.new_zeros(1, dtype=torch.int64)}
+        if self._columns.plan.weighted:
+            no_ids["weights"] = dense.new_zeros(0)
+        replace = {self._columns: lambda *args, **kwargs: (dense, no_ids)}
+        for layer, output in zip(self._embedding_layers, embedded):
+            replace[layer] = lambda *args, output=output, **kwargs: output
+        return _keras_compat.run_functional_graph(self.model, flat, False, replace)
+
+
+def _export_program(model, embedding_layers, filename):
+    columns = model.feature_columns
+    inputs = {name: torch.as_tensor(value)
+              for name, value in columns.encode(example_batch(columns.specs)).items()}
+    with torch.no_grad():
+        dense, sparse = columns.pack(inputs)
+        embedded = [layer(sparse, training=False) for layer in embedding_layers]
+        network = _DenseNetwork(model, embedding_layers).eval()
+        batch = torch.export.Dim.AUTO
+        shapes = {"inputs": {name: {0: batch} for name in inputs}, "dense": {0: batch},
+                  "embedded": [_batch_dim(output, batch) for output in embedded]}
+        program = torch.export.export(
+            network, (), {"inputs": inputs, "dense": dense, "embedded": embedded},
+            dynamic_shapes=shapes, strict=False)
+    torch.export.save(program, filename)
+
+
+def _batch_dim(output, batch):
+    if isinstance(output, dict):
+        return {name: {0: batch} for name in output}
+    return {0: batch}
+
+
+def example_batch(specs: list, rows: int = 5) -> dict[str, Any]:
+    """A small raw batch of every column the specs read: what export traces.
+
+    Sequences get every length from 0 to their `max_len`, so no shape of the
+    trace depends on one batch's lengths.
+
+    Args:
+        specs: the feature specs.
+        rows: examples in the batch.
+
+    Returns:
+        A dict batch for `FeatureColumns.encode`.
+
+    Example:
+
+    ```python
+    example_batch([rk.features.Numeric("I1"), rk.features.Categorical("C1", dim=8)])
+    ```
+    """
+    batch = {}
+    for spec in specs:
+        if isinstance(spec, Numeric):
+            batch[spec.name] = np.ones((rows, *spec.shape), np.float32)
+        elif isinstance(spec, Categorical) and spec.boundaries is not None:
+            batch[spec.name] = np.linspace(-1.0, 1.0, rows)
+        elif isinstance(spec, Categorical):
+            batch[spec.name] = [str(i) for i in range(rows)] if spec.dtype == "string" \
+                else np.arange(rows)
+        elif isinstance(spec, Sequence):
+            lengths = [i % (spec.max_len + 1) for i in range(rows)]
+            values = [[str(j) if spec.dtype == "string" else j for j in range(n)]
+                      for n in lengths]
+            batch[spec.name] = pa.array(values)
+            if spec.weights is not None:
+                batch[spec.weights] = pa.array([[1.0] * n for n in lengths],
+                                               pa.list_(pa.float32()))
+    return batch
+
+
+def _write_manifest(model, embedding_layers, root, rows, world_size):
+    columns = model.feature_columns
+    outputs = _keras_compat.functional_outputs(model)
+    files = {artifact.PROGRAM: artifact.file_entry(root, artifact.PROGRAM)}
+    layers = []
+    for index, layer in enumerate(embedding_layers):
+        tables = []
+        for table, store in enumerate(layer.tables):
+            names = [artifact.table_file(index, table, rank) for rank in range(world_size)]
+            files.update((name, artifact.file_entry(root, name)) for name in names)
+            tables.append({"dim": store.dim, "files": names})
+        layers.append({"name": layer.name, "output": layer.output_mode,
+                       "features": [serialize(s) for s in layer.specs], "tables": tables})
+    artifact.write_manifest(root, {
+        "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION,
+        "versions": {"reckeras": reckeras.__version__, "torch": torch.__version__},
+        "rows": rows, "world_size": world_size,
+        "features": [serialize(s) for s in columns.specs],
+        "statistics": {"mean": columns.mean.numpy().tolist(),
+                       "std": columns.std.numpy().tolist()},
+        "inputs": list(_keras_compat.functional_inputs(model)),
+        "outputs": sorted(outputs) if isinstance(outputs, dict) else None,
+        "embedding_layers": layers, "files": files})
+
+
+def _replace(staging, path):
+    old = path + ".old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(path):
+        os.rename(path, old)
+    os.rename(staging, path)
+    shutil.rmtree(old, ignore_errors=True)
