@@ -13,6 +13,7 @@ import os
 import shutil
 from typing import Any
 
+import keras
 import numpy as np
 import pyarrow as pa
 import torch
@@ -87,7 +88,9 @@ class _DenseNetwork(torch.nn.Module):
         self.model = model
         self._columns = model.feature_columns
         self._embedding_layers = embedding_layers
-        self._keys = list(_keras_compat.functional_inputs(model))
+        # Keras's flat order of the dict inputs (its tree sorts the keys).
+        self._keys = keras.tree.flatten({key: key for key in
+                                         _keras_compat.functional_inputs(model)})
 
     def forward(self, inputs: dict, dense: torch.Tensor, embedded: list) -> Any:
         flat = [inputs[key] for key in self._keys]
