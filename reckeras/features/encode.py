@@ -191,6 +191,8 @@ def _vectors(spec: Numeric, column: pa.Array) -> np.ndarray:
 def _ids(spec: Any, values: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     """`(ids, present)`: int64 ids of an int or string array (0 at a null)
     and where a value is present (None without nulls)."""
+    if pa.types.is_null(values.type):           # nothing but nulls (JSON nulls)
+        return np.zeros(len(values), np.int64), np.zeros(len(values), bool)
     if _is_string(values.type):
         if spec.dtype != "string":
             raise FeatureInputError(
@@ -229,6 +231,8 @@ def _list_lengths(column: pa.Array) -> np.ndarray:
 
 
 def _as_large_list(spec: Sequence, column: pa.Array, what: str) -> pa.Array:
+    if pa.types.is_null(column.type):           # every row null: all empty
+        column = column.cast(pa.large_list(pa.int64() if what == "ids" else pa.float32()))
     if not _is_list(column.type):
         raise FeatureInputError(f"feature {spec.name!r}: expected a list column of "
                                 f"{what}, got {column.type}")
