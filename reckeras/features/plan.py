@@ -284,7 +284,7 @@ class TransformPlan:
     def _checked_lengths(self, inputs):
         """`(lengths, every_id_present)`: the `[R, B]` LENGTHS (column by
         column), each checked in its range, and whether every id Categorical
-        has its id in every example (one pass over the lengths, one sync)."""
+        has its id in every example (one sync)."""
         lengths = inputs[LENGTHS].t()
         if lengths.shape[0] != len(self.with_lengths):
             raise ValueError(f"{LENGTHS!r} has {lengths.shape[0]} columns, expected "
@@ -292,7 +292,9 @@ class TransformPlan:
                              f"Sequence")
         if not lengths.shape[1]:
             return lengths, True
-        low, high = torch.aminmax(lengths, dim=1)
+        # amin and amax, not aminmax: on this transposed view aminmax takes a
+        # slow path (5.6 ms for one example of 26 features, against 3 us).
+        low, high = lengths.amin(dim=1), lengths.amax(dim=1)
         bad = (low < 0) | (high > self._on(lengths.device)["length_bounds"])
         any_bad, every_id_present = torch.stack(
             [bad.any(), (low[:len(self.ids)] == 1).all()]).tolist()
