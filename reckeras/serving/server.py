@@ -103,7 +103,7 @@ def parse_request(body: bytes, columns: list[str]) -> tuple[str, dict[str, list]
     """
     try:
         request = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:     # bad bytes, syntax, nesting
         raise RequestError(f"the request body is not JSON ({error})") from None
     if not isinstance(request, dict):
         raise RequestError(f"the request body must be a JSON object with "

@@ -112,17 +112,24 @@ class Server:
                  str(self.port), "--host", "127.0.0.1", "--threads", "4",
                  "--torch-threads", "1"],
                 stdout=out, stderr=subprocess.STDOUT, env=environment())
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_healthy(self):
         deadline = time.monotonic() + 120
         while True:
             assert self.process.poll() is None, f"server exited: {self.log()}"
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
+                if self.client.get("/health", timeout=2).status_code == 200:
+                    return
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, f"server never healthy: {self.log()}"
             time.sleep(0.1)
-        self.client = httpx.Client(base_url=self.url, timeout=30)
 
     def log(self):
         with open(self.log_path, errors="replace") as log:
@@ -136,7 +143,11 @@ class Server:
     def close(self):
         self.client.close()
         self.process.terminate()
-        self.process.wait(timeout=30)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def serving(rows, build):
@@ -288,6 +299,8 @@ def columnar(**values):
 # (request body, words the 400's message must hold)
 BAD_REQUESTS = {
     "not json": (b'{"instances": [', ["not JSON"]),
+    "not utf-8": (b'{"instances": [\xff]}', ["not JSON", "utf-8"]),
+    "nested too deep": (b"[" * 100_000 + b"]" * 100_000, ["not JSON", "recursion"]),
     "not an object": (b"[1, 2]", ["JSON object"]),
     "neither key": ({"examples": []}, ["unknown key", "examples"]),
     "no key": ({}, ["exactly one"]),
