@@ -42,6 +42,8 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
     Raises:
         ValueError: an unknown precision, or an embedding layer that does
             not read the FeatureColumns' output.
+        NotImplementedError: a dense network `torch.export` cannot trace
+            (shapes that depend on the data, as in `TransformerBlock`).
 
     Example:
 
@@ -116,9 +118,16 @@ def _export_program(model, embedding_layers, filename):
         batch = torch.export.Dim.AUTO
         shapes = {"inputs": {name: {0: batch} for name in inputs}, "dense": {0: batch},
                   "embedded": [_batch_dim(output, batch) for output in embedded]}
-        program = torch.export.export(
-            network, (), {"inputs": inputs, "dense": dense, "embedded": embedded},
-            dynamic_shapes=shapes, strict=False)
+        try:
+            program = torch.export.export(
+                network, (), {"inputs": inputs, "dense": dense, "embedded": embedded},
+                dynamic_shapes=shapes, strict=False)
+        except Exception as error:      # torch.export raises many kinds
+            raise NotImplementedError(
+                f"torch.export cannot trace this model's dense network: "
+                f"{str(error).strip().splitlines()[0][:300]} (layers whose shapes depend "
+                f"on the data, such as TransformerBlock's padding-free attention, do "
+                f"not export yet)") from error
     torch.export.save(program, filename)
 
 
