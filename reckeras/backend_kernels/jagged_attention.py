@@ -169,6 +169,25 @@ def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.cat(results).index_select(0, inverse)
 
 
+def _padded_to_max_len(q, k, v, offsets, max_len, causal, scale):
+    """The reference with every sequence padded to `max_len`: shapes that do
+    not depend on the lengths, which `torch.export` can trace (the length
+    classes' loop of `jagged_attention_reference` cannot be)."""
+    num_tokens, heads, head_dim = q.shape
+    batch = offsets.numel() - 1
+    sequence, position = sequence_positions(offsets, num_tokens)
+    slot = sequence * max_len + position
+
+    def padded(x):
+        return x.new_zeros(batch * max_len, heads, head_dim).index_copy(0, slot, x) \
+            .view(batch, max_len, heads, head_dim).transpose(1, 2)
+
+    mask = torch.zeros(batch * max_len, dtype=torch.bool, device=q.device)
+    mask = mask.index_fill(0, slot, True).view(batch, max_len)
+    out = padded_attention_reference(padded(q), padded(k), padded(v), mask, causal, scale)
+    return out.transpose(1, 2).reshape(batch * max_len, heads, head_dim).index_select(0, slot)
+
+
 # ---- Triton ------------------------------------------------------------------------------
 
 @kernel
@@ -476,7 +495,9 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Softmax attention within each sequence of a packed batch.
 
     Runs the Triton kernels on CUDA tensors and the torch reference
-    elsewhere.
+    elsewhere; while `torch.export` traces it (`rk.Model.export_serving`),
+    the reference with every sequence padded to `max_len`, whose shapes do
+    not depend on the lengths.
 
     Args:
         q: float `[N, H, Dh]`, the queries of all sequences' tokens, packed.
@@ -502,5 +523,8 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out.shape   # torch.Size([5, 2, 8])
     ```
     """
-    fn = jagged_attention_triton if use_triton(q) else jagged_attention_reference
+    if torch.compiler.is_exporting():       # model.export_serving traces it
+        fn = _padded_to_max_len
+    else:
+        fn = jagged_attention_triton if use_triton(q) else jagged_attention_reference
     return fn(q, k, v, offsets, max_len, causal, scale)

@@ -43,7 +43,7 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
         ValueError: an unknown precision, or an embedding layer that does
             not read the FeatureColumns' output.
         NotImplementedError: a dense network `torch.export` cannot trace
-            (shapes that depend on the data, as in `TransformerBlock`).
+            (a layer whose control flow depends on the data).
 
     Example:
 
@@ -125,9 +125,8 @@ def _export_program(model, embedding_layers, filename):
         except Exception as error:      # torch.export raises many kinds
             raise NotImplementedError(
                 f"torch.export cannot trace this model's dense network: "
-                f"{str(error).strip().splitlines()[0][:300]} (layers whose shapes depend "
-                f"on the data, such as TransformerBlock's padding-free attention, do "
-                f"not export yet)") from error
+                f"{str(error).strip().splitlines()[0][:300]} (a layer whose control "
+                f"flow depends on the data does not export)") from error
     torch.export.save(program, filename)
 
 

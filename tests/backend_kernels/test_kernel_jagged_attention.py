@@ -60,6 +60,17 @@ def test_reference_matches_a_loop(lengths, causal):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("lengths", EDGE_LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_export_route_pads_to_max_len_and_matches_a_loop(lengths, causal, monkeypatch):
+    # While torch.export traces, the dispatch pads every sequence to max_len.
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    q, k, v, offsets = jagged_case(lengths)
+    out = ja.jagged_attention(q, k, v, offsets, max(lengths), causal)
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, offsets, causal),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_reference_of_no_tokens_and_no_sequences():
     for lengths in ([], [0, 0, 0]):
         q, k, v, offsets = jagged_case(lengths)

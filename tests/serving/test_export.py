@@ -57,6 +57,8 @@ ZOO = {
     "dcn_v2": lambda: rk.models.dcn_v2(columns("sum"), cross_layers=1, deep_units=(16,)),
     "deepfm": lambda: rk.models.deepfm(columns("mean"), deep_units=(16,)),
     "din": lambda: rk.models.din(columns(None), top_units=(16, 1)),
+    "bst": lambda: rk.models.bst(columns(None), num_blocks=1, num_heads=2, dropout=0.0,
+                                 top_units=(16, 1)),
     "esmm": lambda: rk.models.esmm(columns("mean"), tower_units=(16,)),
     "mmoe": lambda: rk.models.mmoe(columns("mean"), tasks=("ctr", "ctcvr"), num_experts=2,
                                    expert_units=(16,), tower_units=(8,)),
