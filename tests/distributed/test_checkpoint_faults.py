@@ -5,6 +5,7 @@ table's keys, rows and state), in one process and on 2 ranks."""
 import json
 import os
 import shutil
+import zlib
 
 import keras
 import numpy as np
@@ -188,6 +189,42 @@ def test_a_version_1_checkpoint_loads_with_its_structure_checked(trained, ckpt):
     # Without a recorded size, the safetensors header still finds the cut.
     damage.truncate(damage.largest_table_file(ckpt))
     assert_fails_naming(model, ckpt, damage.largest_table_file(ckpt), "truncated")
+
+
+def version_2(ckpt):
+    """Rewrites the checkpoint as format 2 wrote it: no kind, id, table
+    names, dense paths or per-row tags."""
+    from safetensors.numpy import load_file, save_file
+    path = os.path.join(ckpt, "index.json")
+    index = json.load(open(path))
+    for name in index["table_files"]:
+        filename = os.path.join(ckpt, name)
+        arrays = {k: v for k, v in load_file(filename).items() if not k.endswith(".tags")}
+        save_file(arrays, filename)
+        data = open(filename, "rb").read()
+        index["files"][name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
+    for field in ("kind", "id", "dense_paths", "index_crc32"):
+        del index[field]
+    for layer in index["layers"]:
+        for table in layer:
+            del table["tables"], table["tags"]
+    index["format_version"] = 2
+    index["index_crc32"] = zlib.crc32(json.dumps(index, sort_keys=True).encode())
+    json.dump(index, open(path, "w"))
+
+
+def test_a_version_2_checkpoint_loads_into_its_model_only(trained, ckpt, tmp_path):
+    model, _, at_save = trained
+    version_2(ckpt)
+    fresh = build(seed=5)
+    fresh.load_checkpoint(ckpt)
+    assert same(at_save, state(fresh))
+    # Its rows carry no table: unknown (-1) in the packed dim-8 table.
+    assert set(fresh.embedding_layers[0].engine.export_tables()[1]["tags"]) == {-1}
+    with pytest.raises(CheckpointError, match="format 2"):
+        build(seed=5).load_checkpoint(ckpt, warm_start=True)
+    with pytest.raises(ValueError, match="no checkpoint id"):
+        fresh.save_checkpoint(tmp_path / "delta", base=ckpt)
 
 
 def test_a_fault_one_rank_finds_fails_the_load_on_every_rank(tmp_path):
