@@ -28,6 +28,7 @@ feature, before any table row can change:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence as _Sequence
 from typing import Any
 
@@ -346,7 +347,9 @@ def encode(specs: _Sequence[Any],
             if row_weights is not None:
                 inputs[spec.weights] = row_weights
     carried = with_lengths(specs)
-    if carried:
+    if carried and not lengths:
+        inputs[LENGTHS] = _all_present(table.num_rows, len(carried))
+    elif carried:
         # Column-major: the plan reads it feature by feature.
         matrix = np.ones((table.num_rows, len(carried)), dtype=np.int32, order="F")
         for j, spec in enumerate(carried):
@@ -354,6 +357,14 @@ def encode(specs: _Sequence[Any],
                 matrix[:, j] = lengths[spec.name]
         inputs[LENGTHS] = matrix
     return inputs
+
+
+@functools.lru_cache(maxsize=8)
+def _all_present(rows: int, columns: int) -> np.ndarray:
+    """The LENGTHS of a batch without nulls or sequences, made once per shape
+    (filling a fresh one cost a fifth of a 300-feature batch's encoding).
+    Nothing writes into model inputs, so batches share it."""
+    return np.ones((rows, columns), dtype=np.int32, order="F")
 
 
 def _plain_blocks(specs: _Sequence[Any], table: pa.Table,
