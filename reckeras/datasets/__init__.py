@@ -6,7 +6,9 @@ come from a hidden teacher, so the Bayes-optimal test AUC is known
 `from_parquet`, `from_orc`, `from_csv` and `criteo_tsv` read your own files,
 local or on any pyarrow filesystem, with hive partitions (`dt=2026-11-30/`)
 as columns. Every reader returns a `Dataset` that streams fixed-size
-`pyarrow.RecordBatch`es, shuffled and sharded on request.
+`pyarrow.RecordBatch`es, shuffled and sharded on request; `Dataset.windows`
+cuts partitioned data into time windows, in order. `generate("criteo_stream",
+...)` writes a daily log whose teacher drifts, one partition per day.
 
 This package depends on nothing else of reckeras.
 
@@ -20,6 +22,8 @@ test = rk.datasets.load("criteo_synth", split="test")
 for batch in train.batches(4096, shuffle=True, seed=0):
     labels = batch.column("label")
 test.bayes_auc()  # 0.8466..., the AUC a perfect model would reach
+stream = rk.datasets.generate("criteo_stream", path="/tmp/stream", days=7)
+days = stream.windows("dt")   # one Dataset per day, in date order
 ```
 """
 

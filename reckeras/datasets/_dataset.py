@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from reckeras.datasets._files import SkippedFile
 from reckeras.datasets._stats import roc_auc
+from reckeras.datasets._windows import WindowSource, window_units
 
 # Rows mixed by one in-memory permutation when shuffling: large enough to
 # mix many row groups, small enough (about 100 MB for Criteo-like rows) to
@@ -48,6 +49,8 @@ class Dataset:
         metadata: a dict describing the data.
         label: the name of the label column; `label` is None (no labels, as
             for data to predict on) when the schema has no such column.
+        partition: for a window (`windows`), its partition values
+            `{key: value}`; None for a whole dataset.
 
     Example:
 
@@ -59,11 +62,13 @@ class Dataset:
     """
 
     def __init__(self, source: Any, name: str, metadata: dict[str, Any],
-                 label: str = LABEL):
+                 label: str = LABEL, partition: dict[str, Any] | None = None):
         self._source = source
         self.name = name
         self.metadata = metadata
+        self._label_column = label
         self.label = label if label in source.schema.names else None
+        self.partition = partition
 
     def __repr__(self) -> str:
         # The source's list as it stands: a repr must not count text rows.
@@ -262,6 +267,56 @@ class Dataset:
         if not pieces:
             return self.schema.empty_table()
         return pa.concat_tables(pieces)
+
+    def windows(self, by: str | Sequence[str]) -> list[Dataset]:
+        """One dataset per value of partition keys, ordered by that value.
+
+        For data in time partitions, e.g. `logs/dt=2026-12-01/hour=03/
+        part-0.parquet` read with `partitioning="hive"` (the readers'
+        default): `windows("dt")` gives one dataset per day,
+        `windows(["dt", "hour"])` one per hour. Windows are ordered by the
+        partition values as typed by the partitioning: strings (ISO dates)
+        lexicographically, integers (pyarrow reads `hour=03` as the int 3)
+        numerically, the first key most significant. Within a window the
+        rows keep their storage order. The list depends only on the paths,
+        so every rank that lists the same files gets the same windows.
+
+        Each window is a `Dataset` like any other (batches, shuffling,
+        sharding, `num_rows`, `bayes_auc`) with its partition values in
+        `partition` and a name such as `"logs[dt=2026-12-01]"`; its
+        `metadata` is this dataset's, updated with the description in its
+        first file's footer (for `criteo_stream`, that day's).
+
+        Args:
+            by: a partition key, or keys from most to least significant.
+
+        Returns:
+            The windows, in order; a partition value without rows has none.
+
+        Raises:
+            ValueError: when the data has no partition columns, a key is
+                not one of them, or a file has no (or a null) value of a key
+                (naming the file).
+
+        Example:
+
+        ```python
+        logs = rk.datasets.from_parquet("/data/logs")   # logs/dt=*/hour=*
+        for window in logs.windows(["dt", "hour"]):
+            window.partition   # {"dt": "2026-12-01", "hour": 0}, ...
+        days = logs.windows("dt")
+        recent = [day for day in days if day.partition["dt"] >= "2026-12-05"]
+        ```
+        """
+        keys = [by] if isinstance(by, str) else list(by)
+        result = []
+        for partition, units in window_units(self._source, keys, self.name):
+            source = WindowSource(self._source, units)
+            where = "/".join(f"{key}={value}" for key, value in partition.items())
+            metadata = {**self.metadata, **source.unit_description(0)}
+            result.append(Dataset(source, f"{self.name}[{where}]", metadata,
+                                  self._label_column, partition))
+        return result
 
     def bayes_auc(self) -> float:
         """Exact ROC AUC of the hidden teacher's probability on these rows.

@@ -17,7 +17,9 @@ stripe or row; the reader's `BadFiles` policy raises it or skips the file.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -33,6 +35,9 @@ Partitioning = str | ds.Partitioning | ds.PartitioningFactory | None
 # decoding with the consumer, few enough that a large ORC or CSV file does
 # not sit in memory (pyarrow's default is 16).
 _BATCH_READAHEAD = 2
+
+# Key of the JSON description that `generate` writes into a parquet footer.
+METADATA_KEY = b"reckeras.dataset"
 
 # A parquet file ends with its footer, the footer's length (4 bytes) and
 # the magic "PAR1" (4 bytes).
@@ -88,6 +93,7 @@ class FragmentSource:
                 f"{self.files[0]}; rename one, or pass partitioning=None")
         # The dataset's schema is the first file's, then the partition keys.
         partitions = [field for field in dataset.schema if field.name in keys]
+        self.partition_keys = [field.name for field in partitions]
         self.read_schema = pa.schema([*self.file_schema, *partitions])
         self.schema = self.read_schema
         if isinstance(file_format, ds.ParquetFileFormat):
@@ -239,6 +245,45 @@ class FragmentSource:
         """
         return fragment.count_rows()
 
+    def unit_file(self, unit: int) -> str:
+        """The file a unit is read from.
+
+        Args:
+            unit: the unit's index in storage order.
+
+        Returns:
+            Its path.
+        """
+        return self._units[unit].path
+
+    def unit_partition(self, unit: int) -> dict[str, Any]:
+        """A unit's partition values, from its file's path.
+
+        Args:
+            unit: the unit's index in storage order.
+
+        Returns:
+            `{key: value}` of the `key=value` directories above its file
+            (typed as the partitioning read them); a null value (Hive's
+            `__HIVE_DEFAULT_PARTITION__`) is left out.
+        """
+        return ds.get_partition_keys(self._units[unit].partition_expression)
+
+    def unit_description(self, unit: int) -> dict[str, Any]:
+        """The JSON description in a unit's parquet footer (see `generate`).
+
+        Args:
+            unit: the unit's index in storage order.
+
+        Returns:
+            The description under `METADATA_KEY`, or {} (no description, or
+            not parquet).
+        """
+        fragment = self._units[unit]
+        if not isinstance(fragment, ds.ParquetFileFragment):
+            return {}
+        return footer_description(fragment)
+
     def where_unreadable(self, path: str, error: Exception) -> str | None:
         """Where in a file opening it or counting its rows failed.
 
@@ -311,6 +356,27 @@ class FragmentSource:
             names the column pyarrow numbers).
         """
         return error
+
+
+def footer_description(fragment: ds.ParquetFileFragment) -> dict[str, Any]:
+    """The JSON description `generate` writes into a parquet file's footer.
+
+    Args:
+        fragment: the file, or one of its row groups.
+
+    Returns:
+        The description under `METADATA_KEY`, or {} when there is none.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._fragments import footer_description
+
+    footer_description(source.fragments[0])["name"]   # "criteo_synth"
+    ```
+    """
+    raw = (fragment.metadata.metadata or {}).get(METADATA_KEY)
+    return json.loads(raw) if raw else {}
 
 
 def _row_groups(fragment: ds.ParquetFileFragment,

@@ -8,7 +8,6 @@ decoding to other values.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -18,10 +17,10 @@ import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
 from reckeras.datasets._files import BadFiles, Located, locate
-from reckeras.datasets._fragments import FragmentSource, Partitioning
+from reckeras.datasets._fragments import (METADATA_KEY, FragmentSource,
+                                          Partitioning, footer_description)
 
-# Key of the JSON description that `generate` writes into the file footer.
-METADATA_KEY = b"reckeras.dataset"
+__all__ = ["METADATA_KEY", "from_parquet", "open_files"]
 
 
 def _format() -> ds.ParquetFileFormat:
@@ -30,11 +29,11 @@ def _format() -> ds.ParquetFileFormat:
 
 
 def _description(source: FragmentSource) -> dict[str, Any]:
-    raw = (source.fragments[0].metadata.metadata or {}).get(METADATA_KEY)
-    return json.loads(raw) if raw else {}
+    return footer_description(source.fragments[0])
 
 
-def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
+def open_files(files: Sequence[str | os.PathLike], name: str,
+               partition_base_dir: str | os.PathLike | None = None) -> Dataset:
     """A `Dataset` over the given local parquet files.
 
     Its metadata is the JSON description `generate` writes into the first
@@ -44,6 +43,9 @@ def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
         files: the parquet files, in storage order; they must share one
             schema.
         name: the dataset's name, for messages.
+        partition_base_dir: a directory above the files whose `key=value`
+            subdirectories are read as hive partition columns; None for
+            none.
 
     Returns:
         A `Dataset` with one unit per row group.
@@ -63,10 +65,11 @@ def open_files(files: Sequence[str | os.PathLike], name: str) -> Dataset:
     """
     paths = [os.fspath(file) for file in files]
     filesystem = pafs.LocalFileSystem()
-    located = Located(filesystem, paths, "",
+    located = Located(filesystem, paths, os.fspath(partition_base_dir or ""),
                       [info.size for info in filesystem.get_file_info(paths)])
-    source = FragmentSource(located, _format(), None, "parquet",
-                            BadFiles("raise"))
+    source = FragmentSource(located, _format(),
+                            None if partition_base_dir is None else "hive",
+                            "parquet", BadFiles("raise"))
     return Dataset(source, name, _description(source))
 
 

@@ -6,9 +6,9 @@ import builtins
 import json
 import os
 from pathlib import Path
+from typing import Any
 
-
-from reckeras.datasets import _synth, aliccp, taobao
+from reckeras.datasets import _synth, aliccp, criteo_stream, taobao
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 
@@ -37,7 +37,15 @@ def list() -> builtins.list[str]:  # noqa: A001 - the public name is rk.datasets
     return sorted([*_synth.SPECS, *_GENERATED])
 
 
+# What generate("criteo_stream", ...) takes besides path and seed.
+_STREAM_OPTIONS = ("rows_per_day", "days", "start")
+
+
 def _spec(name: str, split: str) -> _synth._SyntheticSpec | None:
+    if name == criteo_stream.NAME:
+        raise ValueError(
+            f"{name!r} is not packaged: write it with rk.datasets.generate("
+            f"{name!r}, path=..., rows_per_day=..., days=...)")
     if name in _GENERATED:
         split_seeds, _ = _GENERATED[name]
         if split not in split_seeds:
@@ -45,7 +53,8 @@ def _spec(name: str, split: str) -> _synth._SyntheticSpec | None:
                              f"are {builtins.list(split_seeds)}")
         return None
     if name not in _synth.SPECS:
-        raise ValueError(f"unknown dataset {name!r}; the datasets are {list()}")
+        raise ValueError(f"unknown dataset {name!r}; the datasets are {list()}, "
+                         f"and generate also writes {criteo_stream.NAME!r}")
     spec = _synth.SPECS[name]
     if split not in spec.split_seeds:
         raise ValueError(f"dataset {name!r} has no split {split!r}; its splits "
@@ -105,37 +114,68 @@ def load(name: str, split: str = "train") -> Dataset:
     return open_files([path], f"{name}:{split}")
 
 
-def generate(name: str, rows: int, path: str | os.PathLike, split: str = "train",
-             seed: int | None = None) -> Dataset:
-    """Writes a synthetic split of any size to a parquet file.
+def generate(name: str, rows: int | None = None,
+             path: str | os.PathLike | None = None, split: str = "train",
+             seed: int | None = None, **options: Any) -> Dataset:
+    """Writes a synthetic split of any size to a parquet file, or a stream.
 
     The rows come from the same hidden teacher as the packaged splits, in
     chunks of 65,536 rows (one row group each), under a tqdm progress bar.
     The output depends only on the arguments: the same call writes the same
     bytes, and a file of N rows is a prefix of one of M > N rows.
 
+    `generate("criteo_stream", path=..., rows_per_day=..., days=...,
+    start="2026-12-01", seed=...)` writes instead one hive partition per day
+    (`path/dt=2026-12-01/part-0.parquet`, ...) of a click log whose teacher
+    drifts from day to day, each day's Bayes AUC in its footer; see
+    `reckeras.datasets.criteo_stream`.
+
     Args:
-        name: one of `list()`.
-        rows: number of rows to write.
-        path: the parquet file to write (parent directories are created).
+        name: one of `list()`, or "criteo_stream".
+        rows: number of rows to write (not for "criteo_stream").
+        path: the parquet file to write (parent directories are created);
+            for "criteo_stream", the directory of the days.
         split: the split whose row seed is used; `generate(name, 200_000,
             path, "train")` rewrites the packaged train split exactly.
         seed: an extra seed mixed into the split's, for independent replicas
-            of a split; None for the packaged rows.
+            of a split; None for the packaged rows (for "criteo_stream": the
+            seed of its drift and rows, None for 0).
+        **options: for "criteo_stream" only: `rows_per_day` (default
+            100,000), `days` (default 7) and `start` (the first date,
+            default "2026-12-01").
 
     Returns:
-        A `Dataset` over the written file.
+        A `Dataset` over the written file (for "criteo_stream", over the
+        days, with a `dt` column; `windows("dt")` gives one per day).
 
     Raises:
-        ValueError: for an unknown name or split, or a non-positive `rows`.
+        ValueError: for an unknown name or split, a non-positive `rows`, a
+            missing `path`, or options the dataset does not take.
 
     Example:
 
     ```python
     big = rk.datasets.generate("criteo_synth", 5_000_000,
                                "/tmp/criteo_synth_5m.parquet")
+    stream = rk.datasets.generate("criteo_stream", path="/tmp/stream", days=7,
+                                  rows_per_day=100_000, seed=0)
+    [day.metadata["bayes_auc"] for day in stream.windows("dt")]
     ```
     """
+    if path is None:
+        raise ValueError(f"generate({name!r}) needs the path to write to")
+    if name == criteo_stream.NAME:
+        if rows is not None or split != "train":
+            raise ValueError(f"{name!r} is written day by day and has no splits: "
+                             f"give rows_per_day= and days=, not rows or split")
+        unknown = sorted(set(options) - set(_STREAM_OPTIONS))
+        if unknown:
+            raise ValueError(f"generate({name!r}) takes the options "
+                             f"{builtins.list(_STREAM_OPTIONS)}, not {unknown}")
+        return criteo_stream.generate_criteo_stream(path, seed=seed, **options)
+    if options:
+        raise ValueError(f"generate({name!r}) takes no options "
+                         f"{sorted(options)}; only {criteo_stream.NAME!r} does")
     if name in _GENERATED:
         _spec(name, split)
         _, generator = _GENERATED[name]

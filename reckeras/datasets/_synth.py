@@ -178,6 +178,154 @@ def _criteo_synth_spec() -> _SyntheticSpec:
 SPECS = {spec.name: spec for spec in (_criteo_synth_spec(),)}
 
 
+def popularity(col: _Categorical) -> tuple[np.ndarray, np.ndarray]:
+    """How often each popularity rank of a field is drawn, and its signal.
+
+    Args:
+        col: the categorical column.
+
+    Returns:
+        `(cdf, signal)`: the cumulative Zipf probabilities of the ranks, and
+        each rank's latent scale count / (count + `_HALF_SIGNAL_COUNT`),
+        count being its expected occurrences in `_REFERENCE_ROWS` rows.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import SPECS, popularity
+
+    cdf, signal = popularity(SPECS["criteo_synth"].categoricals[5])   # C6
+    signal[0] > signal[-1]   # True: popular ids carry more signal
+    ```
+    """
+    weights = (np.arange(col.cardinality) + 1.0) ** -col.zipf_exponent
+    prob = weights / weights.sum()
+    count = _REFERENCE_ROWS * (1 - col.missing_rate) * prob
+    return np.cumsum(prob), (count / (count + _HALF_SIGNAL_COUNT)).astype(np.float32)
+
+
+def scatter_ids(values: np.ndarray, multiplier: np.uint64,
+                offset: np.uint64) -> np.ndarray:
+    """Distinct non-negative integers mapped to scattered 40-bit int64 ids.
+
+    Args:
+        values: non-negative integers below 2**40 (ranks, or id slots).
+        multiplier: an odd multiplier (a bijection modulo 2**40).
+        offset: added before the xor-shift.
+
+    Returns:
+        The ids, int64; distinct values give distinct ids.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import scatter_ids
+
+    scatter_ids(np.arange(3), np.uint64(2**21 + 1), np.uint64(7))
+    ```
+    """
+    mixed = (values.astype(np.uint64) * multiplier + offset) & _ID_MASK
+    # xor-shift is also a bijection on 40 bits; it scatters the low bits.
+    mixed ^= mixed >> np.uint64(17)
+    return mixed.astype(np.int64)
+
+
+def draw_numerics(spec: _SyntheticSpec, rng: np.random.Generator,
+                  num_rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Draws the heavy-tailed counts of a spec's numeric columns.
+
+    Args:
+        spec: a value of `SPECS`.
+        rng: the generator the rows are drawn from.
+        num_rows: the number of rows.
+
+    Returns:
+        `{name: (int64 counts, missing mask)}`.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import SPECS, draw_numerics
+
+    columns = draw_numerics(SPECS["criteo_synth"], np.random.default_rng(0), 10)
+    counts, missing = columns["I1"]
+    ```
+    """
+    columns = {}
+    activity = rng.standard_normal(num_rows)
+    for col in spec.numerics:
+        log_count = col.log_mean + col.log_std * (
+            0.5 * activity + np.sqrt(0.75) * rng.standard_normal(num_rows))
+        counts = np.floor(np.exp(np.maximum(log_count, 0.0))) - 1.0
+        counts[rng.random(num_rows) < col.zero_rate] = 0.0
+        missing = rng.random(num_rows) < col.missing_rate
+        columns[col.name] = (counts.astype(np.int64), missing)
+    return columns
+
+
+def numeric_term(spec: _SyntheticSpec, columns: dict[str, Any],
+                 scales: dict[str, float] | None = None) -> np.ndarray:
+    """The teacher's non-linear effect of the numeric columns on the logit.
+
+    The teacher reads a missing count as 0: filling nulls with 0 is the
+    Bayes-consistent policy for a model.
+
+    Args:
+        spec: a value of `SPECS`.
+        columns: `{name: (counts, missing mask)}` of every numeric column.
+        scales: a factor per column multiplying its effect; None for 1.
+
+    Returns:
+        The term of every row, float64.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import SPECS, draw_numerics, numeric_term
+
+    spec = SPECS["criteo_synth"]
+    term = numeric_term(spec, draw_numerics(spec, np.random.default_rng(0), 10))
+    ```
+    """
+    term = np.zeros(len(columns[spec.numerics[0].name][0]))
+    for col in spec.numerics:
+        counts, missing = columns[col.name]
+        z = np.where(missing, 0.0, np.log1p(counts.astype(np.float64)))
+        effect = col.effect * (1.0 if scales is None else scales[col.name])
+        if col.shape == "bump":
+            term += effect * np.exp(-0.5 * ((z - col.center) / col.width) ** 2)
+        elif col.shape == "step":
+            term += effect * np.tanh((z - col.center) / col.width)
+    return term
+
+
+def draw_ranks(cdf: np.ndarray, col: _Categorical, rng: np.random.Generator,
+               num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Draws the popularity ranks of a categorical column, and its nulls.
+
+    Args:
+        cdf: the column's cumulative rank probabilities (`popularity`).
+        col: the column.
+        rng: the generator the rows are drawn from.
+        num_rows: the number of rows.
+
+    Returns:
+        `(ranks, missing mask)`.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import SPECS, draw_ranks, popularity
+
+    col = SPECS["criteo_synth"].categoricals[0]
+    ranks, missing = draw_ranks(popularity(col)[0], col, np.random.default_rng(0), 5)
+    ```
+    """
+    ranks = np.searchsorted(cdf, rng.random(num_rows), side="right")
+    np.minimum(ranks, col.cardinality - 1, out=ranks)
+    return ranks, rng.random(num_rows) < col.missing_rate
+
+
 class _Teacher:
     """All hidden parameters of one spec, drawn from its teacher seed."""
 
@@ -187,11 +335,7 @@ class _Teacher:
         self.cdf, self.latent, self.missing_latent = {}, {}, {}
         self.id_multiplier, self.id_offset = {}, {}
         for col in spec.categoricals:
-            weights = (np.arange(col.cardinality) + 1.0) ** -col.zipf_exponent
-            prob = weights / weights.sum()
-            self.cdf[col.name] = np.cumsum(prob)
-            count = _REFERENCE_ROWS * (1 - col.missing_rate) * prob
-            signal = (count / (count + _HALF_SIGNAL_COUNT)).astype(np.float32)
+            self.cdf[col.name], signal = popularity(col)
             # Coordinate 0 of an id's latent vector is also its main effect, so
             # a model that has learned the main effects has a head start on
             # the interactions, as in real logs where strong ids interact.
@@ -208,11 +352,7 @@ class _Teacher:
 
     def ids_of_ranks(self, name: str, ranks: np.ndarray) -> np.ndarray:
         """The scattered int64 ids of the given popularity ranks of a field."""
-        mixed = (ranks.astype(np.uint64) * self.id_multiplier[name]
-                 + self.id_offset[name]) & _ID_MASK
-        # xor-shift is also a bijection on 40 bits; it scatters the low bits.
-        mixed ^= mixed >> np.uint64(17)
-        return mixed.astype(np.int64)
+        return scatter_ids(ranks, self.id_multiplier[name], self.id_offset[name])
 
     def make_rows(self, rng: np.random.Generator,
                   num_rows: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -228,32 +368,13 @@ class _Teacher:
             "ids", "pairs" and "numeric" to that term of every row's logit.
         """
         spec = self.spec
-        columns = {}
-        numeric_term = np.zeros(num_rows)
+        columns = draw_numerics(spec, rng, num_rows)
+        numeric = numeric_term(spec, columns)
         id_term = np.zeros(num_rows)
         pair_term = np.zeros(num_rows)
-        activity = rng.standard_normal(num_rows)
-        for col in spec.numerics:
-            log_count = col.log_mean + col.log_std * (
-                0.5 * activity + np.sqrt(0.75) * rng.standard_normal(num_rows))
-            counts = np.floor(np.exp(np.maximum(log_count, 0.0))) - 1.0
-            counts[rng.random(num_rows) < col.zero_rate] = 0.0
-            missing = rng.random(num_rows) < col.missing_rate
-            # The teacher reads a missing count as 0: filling nulls with 0 is
-            # the Bayes-consistent policy for a model.
-            columns[col.name] = (counts.astype(np.int64), missing)
-            z = np.where(missing, 0.0, np.log1p(counts))
-            if col.shape == "bump":
-                numeric_term += col.effect * np.exp(
-                    -0.5 * ((z - col.center) / col.width) ** 2)
-            elif col.shape == "step":
-                numeric_term += col.effect * np.tanh((z - col.center) / col.width)
         latents = {}
         for col in spec.categoricals:
-            ranks = np.searchsorted(self.cdf[col.name], rng.random(num_rows),
-                                    side="right")
-            np.minimum(ranks, col.cardinality - 1, out=ranks)
-            missing = rng.random(num_rows) < col.missing_rate
+            ranks, missing = draw_ranks(self.cdf[col.name], col, rng, num_rows)
             latent = np.where(missing[:, None], self.missing_latent[col.name],
                               self.latent[col.name][ranks])
             id_term += col.effect_scale * latent[:, 0]
@@ -261,12 +382,12 @@ class _Teacher:
             columns[col.name] = (self.ids_of_ranks(col.name, ranks), missing)
         for weight, (f, g) in zip(self.pair_weight, spec.interaction_pairs):
             pair_term += weight * np.einsum("ij,ij->i", latents[f], latents[g])
-        logit = spec.bias + id_term + pair_term + numeric_term
+        logit = spec.bias + id_term + pair_term + numeric
         prob = 1.0 / (1.0 + np.exp(-logit))
         columns["label"] = (rng.random(num_rows) < prob).astype(np.int64)
         columns["teacher_prob"] = prob.astype(np.float32)
         return columns, {"ids": id_term, "pairs": pair_term,
-                         "numeric": numeric_term}
+                         "numeric": numeric}
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,173 @@
+"""criteo_stream: days as hive partitions, churning ids, a drifting teacher."""
+
+import numpy as np
+import pytest
+
+import reckeras.datasets as rkd
+from reckeras.datasets import criteo_stream
+from reckeras.datasets._stats import roc_auc
+from reckeras.datasets._synth import SPECS, popularity
+
+ROWS, DAYS, SEED = 20_000, 4, 3
+COLUMNS = {c.name: c for c in SPECS["criteo_synth"].categoricals}
+CATEGORICAL = list(COLUMNS)
+CARDINALITY = {name: c.cardinality for name, c in COLUMNS.items()}
+# Fields so small that every live id shows up in a day of ROWS rows.
+SMALL = [name for name in CATEGORICAL if CARDINALITY[name] <= 60]
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    return rkd.generate("criteo_stream", path=tmp_path_factory.mktemp("s") / "stream",
+                        rows_per_day=ROWS, days=DAYS, seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def days(stream):
+    return stream.windows("dt")
+
+
+@pytest.fixture(scope="module")
+def tables(days):
+    return [day.to_table() for day in days]
+
+
+def ids_of(table, name):
+    column = table[name].drop_null()
+    return set(column.to_numpy().tolist())
+
+
+def test_layout_dates_and_description(stream, days, tmp_path_factory):
+    assert stream.name == "criteo_stream"
+    assert stream.num_rows == ROWS * DAYS
+    assert stream.schema.field("dt").type == "string"
+    dates = ["2026-12-01", "2026-12-02", "2026-12-03", "2026-12-04"]
+    assert [day.partition["dt"] for day in days] == dates
+    assert [day.files[0].split("/")[-2:] for day in days] == [
+        [f"dt={d}", "part-0.parquet"] for d in dates]
+    for index, day in enumerate(days):
+        assert day.num_rows == ROWS
+        assert day.metadata["day"] == index
+        assert day.metadata["dt"] == dates[index]
+        assert day.metadata["seed"] == SEED
+    assert stream.metadata["day"] == 0
+
+
+def test_same_arguments_same_bytes_and_teachers_depend_on_seed_and_day(
+        stream, tmp_path):
+    again = rkd.generate("criteo_stream", path=tmp_path / "again", rows_per_day=ROWS,
+                         days=DAYS, seed=SEED)
+    for first, second in zip(stream.files, again.files):
+        assert open(first, "rb").read() == open(second, "rb").read()
+    # Fewer days and rows: the same teachers, so a prefix of each day.
+    short = rkd.generate("criteo_stream", path=tmp_path / "short", rows_per_day=500,
+                         days=2, seed=SEED, start="2027-01-30")
+    assert [d.partition["dt"] for d in short.windows("dt")] == ["2027-01-30",
+                                                                "2027-01-31"]
+    for short_day, day in zip(short.windows("dt"), stream.windows("dt")):
+        assert short_day.to_table().drop_columns("dt").equals(
+            day.to_table().slice(0, 500).drop_columns("dt"))
+    other = rkd.generate("criteo_stream", path=tmp_path / "other", rows_per_day=500,
+                         days=1, seed=SEED + 1)
+    assert not other.to_table().drop_columns("dt").equals(
+        short.windows("dt")[0].to_table().drop_columns("dt"))
+
+
+def test_recorded_bayes_auc_equals_recomputation(days, tables):
+    for day, table in zip(days, tables):
+        labels = table["label"].to_numpy()
+        prob = table["teacher_prob"].to_numpy()
+        negatives = np.sort(prob[labels == 0])
+        positives = prob[labels == 1]
+        below = np.searchsorted(negatives, positives, side="left")
+        not_above = np.searchsorted(negatives, positives, side="right")
+        expected = (below + not_above).sum() / 2 / (len(positives) * len(negatives))
+        assert day.metadata["bayes_auc"] == day.bayes_auc()
+        assert day.metadata["bayes_auc"] == pytest.approx(expected, abs=1e-12)
+        assert 0.78 < day.metadata["bayes_auc"] < 0.9
+
+
+def test_teacher_prob_is_the_day_teachers(tables):
+    for index, table in enumerate(tables):
+        teacher = criteo_stream.day_teacher(SEED, index)
+        np.testing.assert_allclose(teacher.probabilities(table),
+                                   table["teacher_prob"].to_numpy(), rtol=0, atol=1e-6)
+
+
+def test_ids_appear_and_stop(days, tables):
+    seen = {name: ids_of(tables[0], name) for name in CATEGORICAL}
+    for index in range(1, DAYS):
+        replaced = days[index].metadata["replaced_ids"]
+        for name in SMALL:
+            before, today = ids_of(tables[index - 1], name), ids_of(tables[index], name)
+            assert len(before) == len(today) == CARDINALITY[name]
+            assert len(today - before) == len(before - today) == replaced[name]
+            assert not (today - before) & seen[name], f"{name}: a new id is not new"
+        for name in CATEGORICAL:
+            seen[name] |= ids_of(tables[index], name)
+    # Ids are replaced at rate ID_CHURN: over 3 days of 26 fields (~3.2M ids),
+    # the count is binomial; 5 standard deviations of slack.
+    trials = sum(CARDINALITY.values()) * (DAYS - 1)
+    replaced = sum(sum(d.metadata["replaced_ids"].values()) for d in days[1:])
+    spread = 5 * np.sqrt(trials * criteo_stream.ID_CHURN * (1 - criteo_stream.ID_CHURN))
+    assert abs(replaced - trials * criteo_stream.ID_CHURN) < spread
+    # Huge fields: today's ids are the live ones, those of replaced ranks were
+    # never seen before, and rows hold them as often as Zipf says for those
+    # ranks.
+    previous = criteo_stream.day_teacher(SEED, 2)
+    today = criteo_stream.day_teacher(SEED, 3)
+    for name in ("C3", "C12"):
+        replaced = today.slots[name] != previous.slots[name]
+        assert replaced.sum() == days[3].metadata["replaced_ids"][name] > 15_000
+        new_ids = today.ids[name][replaced]
+        assert ids_of(tables[3], name) <= set(today.ids[name].tolist())
+        earlier = set().union(*(ids_of(t, name) for t in tables[:3]))
+        assert not set(new_ids.tolist()) & earlier
+        present = tables[3][name].drop_null().to_numpy()
+        share = np.isin(present, new_ids).mean()
+        mass = np.diff(popularity(COLUMNS[name])[0], prepend=0.0)[replaced].sum()
+        assert abs(share - mass) < 5 * np.sqrt(mass * (1 - mass) / len(present))
+
+
+def test_yesterdays_teacher_scores_today_worse(days, tables):
+    for index in range(1, DAYS):
+        labels = tables[index]["label"].to_numpy()
+        stale = criteo_stream.day_teacher(SEED, index - 1).probabilities(tables[index])
+        assert roc_auc(labels, stale) < days[index].metadata["bayes_auc"] - 0.005
+
+
+def test_a_few_weights_change_every_day(days):
+    for index in range(1, DAYS):
+        before, now = days[index - 1].metadata, days[index].metadata
+        changed = {name for name in now["weights"]
+                   if now["weights"][name] != before["weights"][name]}
+        assert changed <= set(now["reweighted"])
+        assert len(now["reweighted"]) == criteo_stream.REWEIGHTED_PER_DAY
+        for name, factor in now["reweighted"].items():
+            assert now["weights"][name] == factor
+            assert 0.25 <= factor <= 1.75
+    assert days[0].metadata["reweighted"] == {}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"rows_per_day": 0}, "rows_per_day"),
+    ({"days": 1.5}, "days"),
+    ({"start": "tomorrow"}, "start"),
+    ({"seed": -1}, "seed"),
+    ({"rows": 10}, "rows_per_day"),
+    ({"split": "test"}, "no splits"),
+    ({"hours": 3}, "hours"),
+])
+def test_bad_arguments(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        rkd.generate("criteo_stream", path=tmp_path / "x", **kwargs)
+    assert not (tmp_path / "x").exists()
+
+
+def test_not_packaged_and_other_datasets_take_no_options(tmp_path):
+    with pytest.raises(ValueError, match="generate"):
+        rkd.load("criteo_stream")
+    with pytest.raises(ValueError, match="no options"):
+        rkd.generate("criteo_synth", 10, tmp_path / "x.parquet", days=2)
+    with pytest.raises(ValueError, match="path"):
+        rkd.generate("criteo_stream", days=2)
