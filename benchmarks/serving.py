@@ -67,11 +67,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(path):
+def start_server(path, torch_threads):
     """The HTTP server on a free port, or None without its extra."""
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "reckeras.serving", path,
-                                "--port", str(port), "--host", "127.0.0.1"],
+                                "--port", str(port), "--host", "127.0.0.1",
+                                "--torch-threads", str(torch_threads)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -122,7 +123,7 @@ def main():
         aucs[rows] = auc(rk.serving.load(path).predict(held_out)[:, 0], labels)
     path = os.path.join(root, "float32")
     predictor = rk.serving.load(path)
-    server, url = start_server(path)
+    server, url = start_server(path, args.threads)
     print(f"dlrm model, {workload.num_fields} fields, dim {workload.dim}; torch threads "
           f"{args.threads}; {args.calls} calls per cell\n")
     print("| batch | system | p50 ms | p99 ms | examples/s |")
