@@ -159,9 +159,12 @@ class ShardedEmbedding(keras.layers.Layer):
         Args:
             store: what `save_own_variables` wrote.
         """
+        # Each row's logical table ("tags") is saved since checkpoint format
+        # 3; a store written before has none, and its rows' tables are unknown.
         self.load_tables([
             {key: np.asarray(store[f"table{index}_{key}"])
-             for key in ("keys", "weights", "state")}
+             for key in ("keys", "weights", "state", "tags")
+             if key != "tags" or f"table{index}_tags" in store}
             for index in range(len(self.engine.tables))])
 
     def get_config(self) -> dict:
