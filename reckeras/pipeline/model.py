@@ -21,6 +21,7 @@ from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
 from reckeras.pipeline import guard
 from reckeras.pipeline import stream as streams
+from reckeras.pipeline import windows as windowed
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
 from reckeras.pipeline.declared_inputs import DeclaredInputs
 
@@ -584,6 +585,14 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         if columns.needs_adapt:
             columns.adapt(b for _, b in zip(range(64), data.batches(batch_size)))
 
+    def _prepare_to_train(self, data, batch_size):
+        """Adapts the columns on `data` if they need it, checks the engines'
+        configs across ranks and gives every rank rank 0's dense weights."""
+        self._adapt_if_needed(data, batch_size)
+        for layer in self.embedding_layers:
+            layer.engine.connect()            # checks configs agree across ranks
+        self._sync_dense_weights()
+
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
             epochs: int = 1, verbose: int | str = "auto", callbacks: list | None = None,
             validation_split: float = 0.0, validation_data: Any = None,
@@ -679,10 +688,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                              "output (Keras's rule); weigh the examples with "
                              "sample_weight instead")
         targets = Targets(label, weight, class_weight, self._binary_label_columns(label))
-        self._adapt_if_needed(data, batch_size)
-        for layer in self.embedding_layers:
-            layer.engine.connect()            # checks configs agree across ranks
-        self._sync_dense_weights()
+        self._prepare_to_train(data, batch_size)
         verbose = verbose if distributed.world().is_main else 0
         steps = streams.agreed_steps(data, batch_size, steps_per_epoch)
         callback_list = self._callback_list(callbacks, verbose, epochs, steps,
@@ -719,6 +725,86 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 break
         callback_list.on_train_end(epoch_logs)
         return self.history
+
+    def fit_windows(self, windows: Any, batch_size: int | None = None,
+                    verbose: int | str = "auto", callbacks: list | None = None,
+                    shuffle: bool = True, class_weight: dict | None = None,
+                    sample_weight: str | None = None, labels: str | dict | None = None,
+                    seed: int = 0, evaluate_batch_size: int | None = None,
+                    pipeline: bool | str = "auto",
+                    prefetch_depth: int = 2) -> keras.callbacks.History:
+        """Trains over time windows in order, evaluating each one first.
+
+        Progressive validation: window i is evaluated with the weights
+        trained on windows 0..i-1 (data the model has not seen, as
+        tomorrow's traffic will be), then trained on for one pass. It is
+        `evaluate(window)` then `fit(window, epochs=1, seed=seed + i)` for
+        each window, with callbacks seeing one epoch per window (see
+        `docs/continuous.md`).
+
+        Args:
+            windows: the windows in time order: `Dataset.windows(...)`, or a
+                sequence of anything `fit` takes (Tables, dicts with a label
+                column). Every rank must give the same windows.
+            batch_size: examples per step on each rank (default 4096).
+            verbose: `"auto"` or 1: progress bars and one line per window;
+                2: one line per window; 0: silent.
+            callbacks: Keras callbacks. `on_epoch_begin(i, {"window":
+                name})` and `on_epoch_end(i, logs)` per window, the
+                progressive evaluation's test hooks, the training's batch
+                hooks. `EarlyStopping(monitor="progressive_auc",
+                mode="max")` stops after a window (Keras infers no direction
+                for these names: give `mode`); `rk.callbacks.ModelCheckpoint`
+                saves after each.
+            shuffle: shuffle each window's rows for training.
+            class_weight: as in `fit`, for the training.
+            sample_weight: the name of a weight column, as in `fit`, for the
+                training (the progressive evaluation is unweighted).
+            labels: the label column(s), as in `fit`.
+            seed: window i is shuffled with seed `seed + i`.
+            evaluate_batch_size: batch size of the progressive evaluations
+                (default `batch_size`).
+            pipeline: as in `fit`.
+            prefetch_depth: as in `fit`.
+
+        Returns:
+            A `keras.callbacks.History` with one entry per window: `window`
+            (its name, e.g. "dt=2026-12-01"), the training logs (`loss`,
+            the metrics) and the progressive ones (`progressive_loss`,
+            `progressive_<metric>`).
+
+        Raises:
+            ValueError: no windows, or a `BackupAndRestore` callback
+                (resume by passing the windows not yet trained on).
+            RuntimeError: the ranks do not see the same windows.
+
+        Example:
+
+        ```python
+        days = rk.datasets.from_parquet("/data/logs").windows("dt")
+        history = model.fit_windows(days, batch_size=4096)
+        history.history["window"]            # ["dt=2026-12-01", ...]
+        history.history["progressive_auc"]   # each day, before training on it
+        ```
+        """
+        if not self.compiled:
+            raise RuntimeError("compile() the model before fit_windows()")
+        windows = list(windows)
+        if not windows:
+            raise ValueError("fit_windows() needs at least one window")
+        if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
+            raise ValueError("fit_windows() does not resume with BackupAndRestore: save "
+                             "with rk.callbacks.ModelCheckpoint, load_checkpoint, and "
+                             "pass the windows not yet trained on")
+        batch_size = _batch_size(batch_size)
+        verbose = _verbose(verbose) if distributed.world().is_main else 0
+        # The first window is evaluated before any fit: adapt and sync first.
+        self._prepare_to_train(as_data(windows[0])[0], batch_size)
+        return windowed.fit_windows(
+            self, windows, batch_size=batch_size, verbose=verbose, callbacks=callbacks,
+            shuffle=shuffle, class_weight=class_weight, sample_weight=sample_weight,
+            labels=labels, seed=seed, evaluate_batch_size=evaluate_batch_size,
+            pipeline=pipeline, prefetch_depth=prefetch_depth)
 
     def _label_columns(self, data, labels, loop):
         """The label column(s) a loop reads, checked against the outputs."""

@@ -1,0 +1,147 @@
+"""Training over time windows with progressive validation.
+
+`rk.Model.fit_windows(windows)` runs the daily loop of a team that trains
+on logs as they land: for each window in order, it first evaluates the model
+on that window (the model has not seen it: progressive validation), then
+trains one pass over it. The loop is small on purpose: each window is one
+`Model.evaluate` and one one-epoch `Model.fit`, so everything those do
+(pipeline, ranks, non-finite guard, labels and weights) holds per window.
+
+Callbacks see one epoch per window: `on_epoch_begin(i, {"window": name})`,
+then the progressive evaluation's test hooks, the training's batch hooks,
+and `on_epoch_end(i, logs)` with the training logs (`loss`, the metrics)
+and the progressive ones (`progressive_loss`, `progressive_<metric>`). The
+`History` holds one entry per window under those keys, and the windows'
+names under `window`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+from tqdm.auto import tqdm
+
+from reckeras import distributed
+
+PROGRESSIVE_PREFIX = "progressive_"
+
+
+class _TrainBatchHooks(keras.callbacks.Callback):
+    """Passes a window's training batch hooks to the windows loop's callbacks.
+
+    The window's `fit` calls its own train and epoch hooks; only the batch
+    hooks reach the user's callbacks, whose epochs are the windows.
+    """
+
+    def __init__(self, callbacks: keras.callbacks.CallbackList):
+        super().__init__()
+        self._callbacks = callbacks
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._callbacks.on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._callbacks.on_train_batch_end(batch, logs)
+
+
+def window_name(window: Any, index: int) -> str:
+    """The name a window goes by in the History and the logs.
+
+    Args:
+        window: a window: a `Dataset` from `Dataset.windows`, or any data
+            `fit` takes.
+        index: its position in the sequence.
+
+    Returns:
+        Its partition as a path, e.g. "dt=2026-12-01/hour=3", for a window
+        of `Dataset.windows`; else the index as a string.
+
+    Example:
+
+    ```python
+    from reckeras.pipeline.windows import window_name
+
+    window_name(logs.windows("dt")[0], 0)   # "dt=2026-12-01"
+    window_name(table, 4)                    # "4"
+    ```
+    """
+    partition = getattr(window, "partition", None)
+    if partition:
+        return "/".join(f"{key}={value}" for key, value in partition.items())
+    return str(index)
+
+
+def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
+                verbose: int, callbacks: list | None, shuffle: bool,
+                class_weight: dict | None, sample_weight: str | None,
+                labels: str | dict | None, seed: int, evaluate_batch_size: int | None,
+                pipeline: bool | str, prefetch_depth: int) -> keras.callbacks.History:
+    """The loop of `rk.Model.fit_windows` (see its arguments there).
+
+    Args:
+        model: a compiled `rk.Model`, prepared on the first window.
+        windows: the windows, in order, at least one.
+        batch_size: examples per step on each rank.
+        verbose: 0, 1 (progress bars and a line per window) or 2 (a line
+            per window).
+        callbacks: Keras callbacks.
+        shuffle: shuffle every window's batches.
+        class_weight: as in `fit`, for the training.
+        sample_weight: a column name, as in `fit`, for the training.
+        labels: as in `fit`.
+        seed: window i is shuffled with seed `seed + i`.
+        evaluate_batch_size: batch size of the progressive evaluation.
+        pipeline: as in `fit`.
+        prefetch_depth: as in `fit`.
+
+    Returns:
+        The `History`: one entry per window.
+
+    Raises:
+        RuntimeError: when the ranks do not see the same windows.
+
+    Example:
+
+    ```python
+    from reckeras.pipeline.windows import fit_windows
+
+    history = fit_windows(model, days, batch_size=4096, verbose=0, callbacks=None,
+                          shuffle=True, class_weight=None, sample_weight=None,
+                          labels=None, seed=0, evaluate_batch_size=None,
+                          pipeline="auto", prefetch_depth=2)
+    ```
+    """
+    names = [window_name(window, index) for index, window in enumerate(windows)]
+    distributed.check_same_on_all_ranks("the windows of fit_windows", repr(names))
+    history = keras.callbacks.History()
+    callback_list = keras.callbacks.CallbackList(
+        [*(callbacks or []), history], model=model, verbose=verbose,
+        epochs=len(windows), steps=None)
+    inner_verbose = 1 if verbose == 1 else 0
+    callback_list.on_train_begin()
+    logs = {}
+    for index, (window, name) in enumerate(zip(windows, names)):
+        callback_list.on_epoch_begin(index, {"window": name})
+        progressive = model.evaluate(
+            window, batch_size=evaluate_batch_size or batch_size, verbose=inner_verbose,
+            callbacks=callback_list, return_dict=True, labels=labels,
+            pipeline=pipeline, prefetch_depth=prefetch_depth)
+        trained = model.fit(
+            window, batch_size=batch_size, epochs=1, verbose=inner_verbose,
+            callbacks=[_TrainBatchHooks(callback_list)], shuffle=shuffle,
+            class_weight=class_weight, sample_weight=sample_weight, labels=labels,
+            seed=seed + index, pipeline=pipeline, prefetch_depth=prefetch_depth)
+        logs = {key: values[-1] for key, values in trained.history.items()}
+        logs.update({PROGRESSIVE_PREFIX + key: value
+                     for key, value in progressive.items()})
+        callback_list.on_epoch_end(index, logs)
+        history.history.setdefault("window", []).append(name)
+        if verbose:
+            tqdm.write(f"Window {index + 1}/{len(windows)} {name}: " + "  ".join(
+                f"{key}={value:.4f}" for key, value in logs.items()))
+        if model.stop_training:
+            break
+    callback_list.on_train_end(logs)
+    return history
