@@ -39,7 +39,8 @@ rows), after `--warmup` untimed ones.
 Prints `<workload> <system> examples_per_s=<median>` per system and
 workload (with `#` lines listing every run), then per workload a table of
 examples/s, step ms, floor and sparse overhead (step ms - floor ms) of every
-system, then the ratios of reckeras (the default) to each baseline.
+system, then the ratios of reckeras (the default) to each baseline and the
+machine's load average at the start and the end.
 
     python benchmarks/throughput.py [--workloads dlrm wide huge] [--steps N] [--repeats 3]
 """
@@ -259,6 +260,8 @@ def main():
         print(f"rate={measure(*args.one, args.batch, args.steps, args.warmup)}", flush=True)
         return
     run = measure if args.same_process else measure_in_fresh_process
+    # Other jobs on the machine move every figure: say how busy it was.
+    load_at_start = os.getloadavg()[0]
     results = {}
     for name in args.workloads:
         steps = args.steps or default_steps(name)
@@ -281,6 +284,8 @@ def main():
         for system in BASELINE_SYSTEMS:
             if rates.get(system):
                 print(f"{name} reckeras/{system}={rates['reckeras'] / rates[system]:.2f}")
+    print(f"# load average (1 min): {load_at_start:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":
