@@ -266,7 +266,7 @@ def _first_day(seed: int) -> DayTeacher:
     return DayTeacher(
         0, {c.name: np.arange(c.cardinality, dtype=np.int64) for c in _SPEC.categoricals},
         {c.name: c.cardinality for c in _SPEC.categoricals}, latent,
-        {name: 1.0 for name in _FEATURES} | {c.name: 1.0 for c in _SPEC.numerics},
+        {c.name: 1.0 for c in (*_SPEC.categoricals, *_SPEC.numerics)},
         {c.name: 0 for c in _SPEC.categoricals}, {}, common)
 
 

@@ -22,6 +22,10 @@ runs. Its keys then travel in process groups of their own, because the
 collectives of one group must come in the same order on every rank and step
 i's row and gradient exchanges run meanwhile; rows and gradients always
 travel in the step's groups.
+
+Each `Exchange` knows who runs its collectives (the training step or the
+sparse-dist stage), so a peer that dies or hangs during one gives a
+`PeerFailureError` naming that exchange and what it carried.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ import torch.distributed as dist
 from reckeras.distributed import collective
 from reckeras.embedding.sharding import owner_of
 
+# Who runs an exchange's collectives, as PeerFailureError messages name it.
+STEP = "the training step"
+SPARSE_DIST = "the sparse-dist stage"
+
 
 class Exchange:
     """All-to-all with uneven splits inside one process group.
@@ -44,18 +52,21 @@ class Exchange:
         my_index: this rank's index in `ranks`.
         node_of_peer: the node of every peer, in group order.
         my_node: this rank's node.
+        runner: who runs its collectives, for a `PeerFailureError`'s message
+            (`"the training step"` or `"the sparse-dist stage"`).
 
     Example:
 
     ```python
-    exchange = Exchange(None, [0, 1], rank, [0, 0], 0)
-    received = exchange.send(rows, send_counts, exchange.counts(send_counts))
+    exchange = Exchange(None, [0, 1], rank, [0, 0], 0, "the training step")
+    received = exchange.send(rows, send_counts, exchange.counts(send_counts), "rows")
     ```
     """
 
     def __init__(self, group: dist.ProcessGroup | None, ranks: list[int], my_index: int,
-                 node_of_peer: list[int], my_node: int):
+                 node_of_peer: list[int], my_node: int, runner: str):
         self.group = group
+        self.runner = runner
         self.ranks = ranks
         self.my_index = my_index
         # Which peers live on another node, for byte accounting.
@@ -75,25 +86,33 @@ class Exchange:
 
         Returns:
             int64 `[size]`, what each peer sends this rank.
+
+        Raises:
+            PeerFailureError: a peer died, hung past the timeout or left.
         """
         recv_counts = torch.empty_like(send_counts)
         if self.size == 1:
             return send_counts.clone()
-        with collective("the embedding id exchange"):
+        with collective(f"{self.runner}'s exchange of embedding id counts"):
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         return recv_counts
 
     def send(self, values: torch.Tensor, send_counts: torch.Tensor,
-             recv_counts: torch.Tensor) -> torch.Tensor:
+             recv_counts: torch.Tensor, what: str) -> torch.Tensor:
         """Sends `values` split by `send_counts`; returns what arrives.
 
         Args:
             values: `[sum(send_counts), ...]`, grouped by destination peer.
             send_counts: int64 `[size]` rows for each peer.
             recv_counts: int64 `[size]` rows from each peer (`counts`).
+            what: what `values` are (`"ids"`, `"rows"`, `"gradients"`), for
+                a `PeerFailureError`'s message.
 
         Returns:
             `[sum(recv_counts), ...]`, grouped by source peer.
+
+        Raises:
+            PeerFailureError: a peer died, hung past the timeout or left.
         """
         send_counts, recv_counts = send_counts.tolist(), recv_counts.tolist()
         out = values.new_empty((sum(recv_counts),) + tuple(values.shape[1:]))
@@ -103,7 +122,7 @@ class Exchange:
         if self.size == 1:
             out.copy_(values)
         else:
-            with collective("the embedding row exchange"):
+            with collective(f"{self.runner}'s exchange of embedding {what}"):
                 dist.all_to_all_single(out, values.contiguous(), recv_counts,
                                        send_counts, group=self.group)
         return out
@@ -159,7 +178,7 @@ class FlatRoute:
                                                        exchange.size)
         self.recv_counts = key_exchange.counts(self.send_counts)
         received = key_exchange.send(_with_tags(keys, tags)[self.order],
-                                     self.send_counts, self.recv_counts)
+                                     self.send_counts, self.recv_counts, "ids")
         self.owner_keys, self.owner_tags = _split_tags(received, tags)
 
     def rows_to_requesters(self, owner_rows: torch.Tensor) -> torch.Tensor:
@@ -171,7 +190,7 @@ class FlatRoute:
         Returns:
             `[len(keys), D]`, the row of each of this rank's keys.
         """
-        back = self.exchange.send(owner_rows, self.recv_counts, self.send_counts)
+        back = self.exchange.send(owner_rows, self.recv_counts, self.send_counts, "rows")
         return _unpermute(back, self.order)
 
     def grads_to_owners(self, grads: torch.Tensor) -> torch.Tensor:
@@ -183,7 +202,8 @@ class FlatRoute:
         Returns:
             `[len(owner_keys), D]`, one gradient per received key.
         """
-        return self.exchange.send(grads[self.order], self.send_counts, self.recv_counts)
+        return self.exchange.send(grads[self.order], self.send_counts, self.recv_counts,
+                                  "gradients")
 
 
 class HierarchicalRoute:
@@ -213,7 +233,7 @@ class HierarchicalRoute:
                                                       intra.size)
         self.recv_a = intra.counts(self.counts_a)
         node_keys, node_tags = _split_tags(intra.send(
-            _with_tags(keys, tags)[self.order_a], self.counts_a, self.recv_a), tags)
+            _with_tags(keys, tags)[self.order_a], self.counts_a, self.recv_a, "ids"), tags)
         unique_keys, self.inverse = torch.unique(node_keys, return_inverse=True)
         unique_tags = None if tags is None else \
             torch.empty_like(unique_keys).scatter_(0, self.inverse, node_tags)
@@ -223,7 +243,7 @@ class HierarchicalRoute:
         self.recv_b = inter.counts(self.counts_b)
         self.num_unique = unique_keys.numel()
         received = inter.send(_with_tags(unique_keys, unique_tags)[self.order_b],
-                              self.counts_b, self.recv_b)
+                              self.counts_b, self.recv_b, "ids")
         self.owner_keys, self.owner_tags = _split_tags(received, tags)
 
     def rows_to_requesters(self, owner_rows: torch.Tensor) -> torch.Tensor:
@@ -235,9 +255,9 @@ class HierarchicalRoute:
         Returns:
             `[len(keys), D]`, the row of each of this rank's keys.
         """
-        node_rows = _unpermute(self.inter.send(owner_rows, self.recv_b, self.counts_b),
-                               self.order_b)
-        back = self.intra.send(node_rows[self.inverse], self.recv_a, self.counts_a)
+        node_rows = _unpermute(self.inter.send(owner_rows, self.recv_b, self.counts_b,
+                                               "rows"), self.order_b)
+        back = self.intra.send(node_rows[self.inverse], self.recv_a, self.counts_a, "rows")
         return _unpermute(back, self.order_a)
 
     def grads_to_owners(self, grads: torch.Tensor) -> torch.Tensor:
@@ -250,21 +270,42 @@ class HierarchicalRoute:
         Returns:
             `[len(owner_keys), D]`, one gradient per received key.
         """
-        node_grads = self.intra.send(grads[self.order_a], self.counts_a, self.recv_a)
+        node_grads = self.intra.send(grads[self.order_a], self.counts_a, self.recv_a,
+                                     "gradients")
         summed = grads.new_zeros((self.num_unique,) + tuple(grads.shape[1:]))
         summed.index_add_(0, self.inverse, node_grads)
-        return self.inter.send(summed[self.order_b], self.counts_b, self.recv_b)
+        return self.inter.send(summed[self.order_b], self.counts_b, self.recv_b, "gradients")
 
 
-def _new_group(ranks, timeout_s):
-    return dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
+# The routers' process groups, by (runner, ranks, timeout), for the default
+# group in `_groups_world`. Every router (one per embedding layer: one per
+# model built) shares them: a group of its own would hold sockets and gloo
+# threads that nothing closes, so each model built under torchrun would leak
+# them.
+_groups = {}
+_groups_world = None
+
+
+def _shared_group(ranks, timeout_s, runner):
+    """The process group of `ranks` for `runner`'s exchanges, created on
+    first use (a collective: every rank asks for the same groups in the same
+    order, as every rank builds the same routers at the same points)."""
+    global _groups_world
+    if _groups_world is not dist.group.WORLD:     # a new default group
+        _groups.clear()
+        _groups_world = dist.group.WORLD
+    key = (runner, tuple(ranks), timeout_s)
+    if key not in _groups:
+        _groups[key] = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
+    return _groups[key]
 
 
 class FlatRouter:
     """Routes over one all-to-all of all ranks.
 
-    Creates a process group for the routes planned ahead (a collective: every
-    rank constructs its router at the same point).
+    Creates the process group of the routes planned ahead, or reuses the one
+    an earlier router created (a collective: every rank constructs its router
+    at the same point).
 
     Args:
         world: the world size.
@@ -284,9 +325,9 @@ class FlatRouter:
         node_of = [r // local_world for r in range(world)]
         self.world = world
         ranks = list(range(world))
-        self.exchange = Exchange(None, ranks, rank, node_of, node_of[rank])
-        self.ahead = Exchange(_new_group(ranks, timeout_s), ranks, rank, node_of,
-                              node_of[rank])
+        self.exchange = Exchange(None, ranks, rank, node_of, node_of[rank], STEP)
+        self.ahead = Exchange(_shared_group(ranks, timeout_s, SPARSE_DIST), ranks, rank,
+                              node_of, node_of[rank], SPARSE_DIST)
 
     def route(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
               ahead: bool = False) -> FlatRoute:
@@ -314,8 +355,9 @@ class HierarchicalRouter:
     """Routes through a node-local exchange, then an inter-node one.
 
     Ranks are numbered node-major (`rank = node * local_world + local`), as
-    torchrun numbers them. Creates its process groups (collectives: every
-    rank constructs its router at the same point).
+    torchrun numbers them. Creates its process groups, or reuses those an
+    earlier router created (collectives: every rank constructs its router at
+    the same point).
 
     Args:
         world: the world size (a multiple of `local_world`).
@@ -343,25 +385,26 @@ class HierarchicalRouter:
             self._exchange([node * local_world + i for i in range(local_world)],
                            local, [node] * local_world, node, timeout_s,
                            [[n * local_world + i for i in range(local_world)]
-                            for n in range(nodes)])
-            for _ in range(2)]
+                            for n in range(nodes)], runner)
+            for runner in (STEP, SPARSE_DIST)]
         self.inter, self.inter_ahead = [
             self._exchange([n * local_world + local for n in range(nodes)], node,
                            list(range(nodes)), node, timeout_s,
                            [[n * local_world + i for n in range(nodes)]
-                            for i in range(local_world)])
-            for _ in range(2)]
+                            for i in range(local_world)], runner)
+            for runner in (STEP, SPARSE_DIST)]
 
     @staticmethod
-    def _exchange(ranks, my_index, node_of_peer, my_node, timeout_s, all_groups):
+    def _exchange(ranks, my_index, node_of_peer, my_node, timeout_s, all_groups, runner):
         """This rank's Exchange among `ranks`, creating every group of
         `all_groups` (each rank must create them all, in the same order)."""
         group = None
         for members in all_groups:
-            created = _new_group(members, timeout_s) if len(members) > 1 else None
+            created = _shared_group(members, timeout_s, runner) if len(members) > 1 \
+                else None
             if members == ranks:
                 group = created
-        return Exchange(group, ranks, my_index, node_of_peer, my_node)
+        return Exchange(group, ranks, my_index, node_of_peer, my_node, runner)
 
     def route(self, keys: torch.Tensor, tags: torch.Tensor | None = None,
               ahead: bool = False) -> HierarchicalRoute:

@@ -13,6 +13,13 @@ hands batch i to the step it submits batch i+1 to the stage's single worker
 (`PreparedBatch.routes`, one per layer), and the step hands each layer its
 own. Rows are still read and created by the owners inside the step, so the
 result equals that of the lookup routing its own keys (DESIGN invariant 3).
+
+Faults: the exchanges are collectives with the world's timeout, so a peer that
+dies or hangs in one makes it raise `PeerFailureError` on this thread, and
+the step waiting for that batch's routes raises it. After one, the stage runs
+no further exchange (the world is broken; each would only wait out the timeout
+again): the batches queued behind fail at once with the same error, and
+closing after a `PeerFailureError` cancels those not started.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import queue
 import threading
 import time
 from typing import Iterable, Iterator
+
+from reckeras.distributed import PeerFailureError
 
 
 class SparseDist:
@@ -50,6 +59,7 @@ class SparseDist:
         self.busy_s = 0.0
         self._jobs = queue.Queue()
         self._pending = []
+        self._peer_failure = None       # the first PeerFailureError of an exchange
         # A daemon thread: after a KeyboardInterrupt it may be left inside a
         # key exchange that the other ranks never join, and must not keep the
         # process alive until that exchange times out.
@@ -61,6 +71,8 @@ class SparseDist:
         return self
 
     def __exit__(self, kind, error, traceback):
+        if isinstance(error, PeerFailureError):
+            self._cancel_unstarted()     # no peer will join them
         self.close(wait=not isinstance(error, KeyboardInterrupt))
         return False
 
@@ -103,11 +115,16 @@ class SparseDist:
             for layer, future in zip(self.layers, futures):
                 if not future.set_running_or_notify_cancel():
                     continue
+                if self._peer_failure is not None:
+                    future.set_exception(self._peer_failure)
+                    continue
                 started = time.perf_counter()
                 try:
                     future.set_result(layer.engine.route_ahead(
                         sparse["ids"], sparse["offsets"], self.training))
                 except BaseException as error:   # re-raised by the step's lookup
+                    if isinstance(error, PeerFailureError):
+                        self._peer_failure = error
                     future.set_exception(error)
                 self.busy_s += time.perf_counter() - started
                 self.items += 1
@@ -117,7 +134,9 @@ class SparseDist:
         it first lets the exchanges already submitted finish: every rank
         submitted the same ones, so they complete, and a later loop's
         exchanges then never run beside them; without, the ones not started
-        are cancelled.
+        are cancelled. (Leaving the `with` block on a `PeerFailureError`
+        cancels those first: only the running one is waited for, and its
+        collectives time out.)
 
         Args:
             wait: wait for the submitted exchanges.
@@ -125,11 +144,14 @@ class SparseDist:
         if wait:
             concurrent.futures.wait(self._pending)
         else:
-            for future in self._pending:
-                future.cancel()                 # not started yet: never will
+            self._cancel_unstarted()
         self._jobs.put(None)
         if wait:
             self._worker.join()
+
+    def _cancel_unstarted(self):
+        for future in self._pending:
+            future.cancel()
 
     def stats(self) -> dict:
         """Batch-layer routes planned and the seconds spent on them."""

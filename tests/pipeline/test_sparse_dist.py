@@ -1,13 +1,16 @@
 """SparseDist's schedule: batch i+1 is submitted before batch i is handed to
 the step, nothing beyond the last batch is submitted, each batch carries the
-routes of its own ids for every layer, errors reach the step, and closing
-waits only when it should. (Exactness on real ranks:
-tests/distributed/test_sparse_dist_on_ranks.py.)"""
+routes of its own ids for every layer, errors reach the step, after a peer
+failure no further exchange starts, and closing waits only when it should.
+(Exactness on real ranks: tests/distributed/test_sparse_dist_on_ranks.py;
+dead and hung peers: tests/distributed/test_sparse_dist_faults.py.)"""
 
+import concurrent.futures
 import threading
 
 import pytest
 
+from reckeras.distributed import PeerFailureError
 from reckeras.pipeline.sparse_dist import SparseDist
 from reckeras.pipeline.stream import PreparedBatch
 
@@ -97,4 +100,53 @@ def test_interrupt_does_not_wait_for_an_exchange_that_never_ends():
     assert stage._worker.daemon and stage._worker.is_alive()
     release.set()
     stage._worker.join(timeout=5)
+    assert not stage._worker.is_alive()
+
+
+class PeerFailingEngine(RecordingEngine):
+    """A peer dies in batch `fail_on`'s exchange: route_ahead raises what
+    comm's collectives raise then."""
+
+    def route_ahead(self, ids, offsets, training):
+        if ids == self.fail_on:
+            raise PeerFailureError(f"the sparse-dist stage's exchange of batch {ids}")
+        return super().route_ahead(ids, offsets, training)
+
+
+def test_after_a_peer_failure_no_exchange_runs_and_queued_batches_fail_with_it():
+    layer = Layer(PeerFailingEngine(fail_on=2))
+    with pytest.raises(PeerFailureError, match="exchange of batch 2") as raised:
+        with SparseDist([layer], training=True) as stage:
+            for batch in stage.ahead(items(5)):
+                if batch.inputs["x"] == 2:
+                    # Batch 3 was queued behind 2: it must not start an
+                    # exchange (it would wait out the timeout again).
+                    following = stage._pending[-1]
+                    concurrent.futures.wait([following], timeout=5)
+                    assert following.exception() is not None
+                batch.routes[layer].result()
+    assert following.exception() is raised.value
+    assert layer.engine.planned == [0, 1]
+
+
+def test_leaving_on_a_peer_failure_cancels_the_exchanges_not_started():
+    # The step's own collective failed while the stage is inside batch 2's
+    # exchange (which times out soon after) and batch 3 waits behind it.
+    release = threading.Event()
+
+    class SlowEngine(RecordingEngine):
+        def route_ahead(self, ids, offsets, training):
+            if ids == 2:
+                release.wait()
+            return super().route_ahead(ids, offsets, training)
+
+    layer = Layer(SlowEngine())
+    with pytest.raises(PeerFailureError):
+        with SparseDist([layer], training=True) as stage:
+            for batch in stage.ahead(items(5)):
+                if batch.inputs["x"] == 2:
+                    threading.Timer(0.2, release.set).start()
+                    raise PeerFailureError("the training step's exchange of embedding rows")
+                batch.routes[layer].result()
+    assert layer.engine.planned == [0, 1, 2]
     assert not stage._worker.is_alive()
