@@ -238,8 +238,8 @@ def test_pack_sequences_triton(widths, batch, weighted, rng):
     if weighted:
         assert_same(packed, expected[2])
     per_feature = None if weights is None else [
-        chunk.view(batch, -1) for chunk in torch.split(
-            weights, [batch * w for w in widths])]
+        chunk.view(batch, w) for chunk, w in zip(torch.split(
+            weights, [batch * w for w in widths]), widths)]
     assert (expected[0].tolist(), expected[1].tolist(),
             [] if weights is None else expected[2].tolist()) == naive_pack(
         rows, lengths, buckets.tolist(), per_feature)
