@@ -31,6 +31,7 @@ sparse-dist stage), so a peer that dies or hangs during one gives a
 from __future__ import annotations
 
 import datetime
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -278,11 +279,14 @@ class HierarchicalRoute:
 
 
 # The routers' process groups, by (runner, ranks, timeout), for the default
-# group in `_groups_world`. Every router (one per embedding layer: one per
+# group `_groups_world` refers to. Every router (one per embedding layer: one per
 # model built) shares them: a group of its own would hold sockets and gloo
 # threads that nothing closes, so each model built under torchrun would leak
-# them.
-_groups = {}
+# them. Weak values: torch's registry keeps the groups until the default
+# group is destroyed, and this cache must not keep one past that (a gloo
+# group freed while the interpreter shuts down can abort the process).
+_groups = weakref.WeakValueDictionary()
+_not_member = set()           # keys of groups this rank is not in (no group object)
 _groups_world = None
 
 
@@ -291,13 +295,22 @@ def _shared_group(ranks, timeout_s, runner):
     first use (a collective: every rank asks for the same groups in the same
     order, as every rank builds the same routers at the same points)."""
     global _groups_world
-    if _groups_world is not dist.group.WORLD:     # a new default group
+    world = dist.group.WORLD
+    if _groups_world is None or _groups_world() is not world:    # a new default group
         _groups.clear()
-        _groups_world = dist.group.WORLD
+        _not_member.clear()
+        _groups_world = weakref.ref(world)
     key = (runner, tuple(ranks), timeout_s)
-    if key not in _groups:
-        _groups[key] = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
-    return _groups[key]
+    if key in _not_member:
+        return dist.GroupMember.NON_GROUP_MEMBER
+    group = _groups.get(key)
+    if group is None:
+        group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
+        if isinstance(group, dist.ProcessGroup):
+            _groups[key] = group
+        else:                     # torch's value for a group without this rank
+            _not_member.add(key)
+    return group
 
 
 class FlatRouter:
