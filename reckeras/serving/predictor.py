@@ -10,7 +10,6 @@ numpy, pyarrow and safetensors are needed.
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import Any
 
@@ -57,8 +56,7 @@ class Predictor:
         self.plan = TransformPlan(self.specs)
         self._mean = torch.tensor(manifest["statistics"]["mean"], dtype=torch.float32)
         self._std = torch.tensor(manifest["statistics"]["std"], dtype=torch.float32)
-        self._layers = [self._embedding_layer(index, layer)
-                        for index, layer in enumerate(manifest["embedding_layers"])]
+        self._layers = [self._embedding_layer(layer) for layer in manifest["embedding_layers"]]
         program = os.path.join(self.path, artifact.PROGRAM)
         try:
             self._program = torch.export.load(program).module()
@@ -67,7 +65,7 @@ class Predictor:
                                          f"({error})") from error
         self.outputs: list[str] | None = manifest["outputs"]
 
-    def _embedding_layer(self, index, layer):
+    def _embedding_layer(self, layer):
         specs = [deserialize(s) for s in layer["features"]]
         plan = TransformPlan(specs)
         # Plain tables: admission, eviction and caching are training matters.
@@ -75,8 +73,9 @@ class Predictor:
         engine = EmbeddingEngine(packing)
         tables = []
         for table, store in enumerate(engine.tables):
-            parts = [self._rows(name) for name in sorted(glob.glob(os.path.join(
-                self.path, artifact.table_file(index, table, "*"))))]
+            # The files the manifest names (and read_manifest checked).
+            parts = [self._rows(os.path.join(self.path, name))
+                     for name in layer["tables"][table]["files"]]
             keys = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, torch.int64)
             weights = torch.cat([p[1] for p in parts]) if parts else \
                 torch.zeros(0, store.dim)
