@@ -16,10 +16,12 @@ range is widened.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import keras
 import torch
+from keras.src import backend as _backend
 from keras.src.backend import in_stateless_scope as _in_stateless_scope
 from keras.src.backend.common import global_state as _global_state
 from keras.src.backend.torch import core as _torch_core
@@ -150,6 +152,32 @@ def run_functional_graph(model: keras.Model, flat_inputs: list, training: bool,
     finally:
         model._maybe_reset_call_context()
     return _functional.unpack_singleton(outputs)
+
+
+@contextlib.contextmanager
+def symbolic_shapes_kept() -> Iterator[None]:
+    """While `torch.export` traces Keras layers: their symbolic sizes kept.
+
+    A layer's input-spec check standardizes its input's shape; Keras before
+    3.14 does it with `int(d)` on every dimension, which fixes a symbolic
+    batch size to the example's (the exported program then refuses any other
+    batch) and fails on a data-dependent size (the packed tokens of a
+    `TransformerBlock`). Inside this context a symbolic dimension reads as
+    None (unknown), as newer Keras reads it. Not thread-safe: the export
+    holds it for its trace only.
+    """
+    original = _backend.standardize_shape
+
+    def keep_symbolic(shape):
+        if isinstance(shape, (tuple, list, torch.Size)):
+            shape = tuple(None if isinstance(d, torch.SymInt) else d for d in shape)
+        return original(shape)
+
+    _backend.standardize_shape = keep_symbolic
+    try:
+        yield
+    finally:
+        _backend.standardize_shape = original
 
 
 def functional_inputs(model: keras.Model) -> Any:

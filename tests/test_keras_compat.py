@@ -177,3 +177,32 @@ def test_keras_internals_only_through_the_compat_module():
         offenders += [f"{path.relative_to(package)}: {name}" for name in PRIVATE_KERAS_MEMBERS
                       if re.search(rf"\b{name}\b", text)]
     assert not offenders, offenders
+
+
+def test_symbolic_shapes_kept_lets_torch_export_keep_a_dynamic_batch():
+    dense = keras.layers.Dense(3)
+    dense.build((None, 4))
+
+    class Packed(torch.nn.Module):
+        # The rows kept by a mask: a data-dependent size, as in a TransformerBlock.
+        def forward(self, x, keep):
+            return dense(x.index_select(0, keep.nonzero().squeeze(1)))
+
+    x, keep = torch.randn(5, 4), torch.tensor([1, 0, 1, 1, 0])
+    with compat.symbolic_shapes_kept():
+        program = torch.export.export(Packed(), (x, keep), strict=False,
+                                      dynamic_shapes=({0: torch.export.Dim.AUTO},
+                                                      {0: torch.export.Dim.AUTO}))
+    other, other_keep = torch.randn(7, 4), torch.tensor([1, 1, 0, 0, 0, 1, 1])
+    np.testing.assert_allclose(program.module()(other, other_keep).detach().numpy(),
+                               dense(other[[0, 1, 5, 6]]).detach().numpy(), rtol=1e-6)
+    # Outside the context Keras's own function is back.
+    assert backend_standardize_shape() is _ORIGINAL_STANDARDIZE_SHAPE
+
+
+def backend_standardize_shape():
+    from keras.src import backend
+    return backend.standardize_shape
+
+
+_ORIGINAL_STANDARDIZE_SHAPE = backend_standardize_shape()

@@ -119,9 +119,10 @@ def _export_program(model, embedding_layers, filename):
         shapes = {"inputs": {name: {0: batch} for name in inputs}, "dense": {0: batch},
                   "embedded": [_batch_dim(output, batch) for output in embedded]}
         try:
-            program = torch.export.export(
-                network, (), {"inputs": inputs, "dense": dense, "embedded": embedded},
-                dynamic_shapes=shapes, strict=False)
+            with _keras_compat.symbolic_shapes_kept():
+                program = torch.export.export(
+                    network, (), {"inputs": inputs, "dense": dense, "embedded": embedded},
+                    dynamic_shapes=shapes, strict=False)
         except Exception as error:      # torch.export raises many kinds
             raise NotImplementedError(
                 f"torch.export cannot trace this model's dense network: "

@@ -20,6 +20,10 @@ from launch import torchrun  # noqa: E402
 ITERATIONS = 300
 WARM_UP = 50
 RSS_GROWTH_MB = 25
+# torch and gloo start a pool thread the first time an op needs one, which can
+# come after the warm-up (seen once: 9 -> 10 at iteration 200 of 300); a leak
+# adds one per fit or per model, hundreds here.
+NATIVE_THREAD_SLACK = 2
 
 
 def check_bounded(report):
@@ -31,7 +35,7 @@ def check_bounded(report):
     for s in later:
         where = f"after iteration {s['iteration']} (iteration {WARM_UP}: {base})"
         assert s["python_threads"] == base["python_threads"], (s["thread_names"], where)
-        assert s["native_threads"] == base["native_threads"], (s, where)
+        assert s["native_threads"] <= base["native_threads"] + NATIVE_THREAD_SLACK, (s, where)
         assert s["fds"] <= base["fds"] + 2, (s, where)
         assert s["process_groups"] == base["process_groups"], (s, where)
         assert s["loop_objects"] == base["loop_objects"], (s, where)
