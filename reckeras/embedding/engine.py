@@ -115,6 +115,7 @@ class EmbeddingEngine:
         self._layout = (None, None)    # (key, layout), see _one_id_per_bag_layout
         self._deferred = None          # the open DeferredUpdates, see deferred_updates
         self._device = torch.device("cpu")     # of the latest lookup's ids
+        self._window_start = None      # (rows, evicted) at begin_window
 
     def _store(self, group, init_scale, seed, cache_device):
         plan = self.packing
@@ -188,6 +189,60 @@ class EmbeddingEngine:
                                  f"{shape}: its rows have {store.dim} values")
         for store, arrays in zip(self.tables, tables):
             store.load(arrays)
+
+    # ---- time windows -------------------------------------------------------------
+
+    def begin_window(self) -> None:
+        """Starts counting a time window's rows (see `end_window`).
+
+        Example:
+
+        ```python
+        engine.begin_window()
+        ...                                  # train on the window
+        counts = engine.end_window()         # {"rows_added": ..., ...}
+        ```
+        """
+        self._window_start = (self.num_rows, self._evicted())
+
+    def end_window(self) -> dict[str, int]:
+        """Ends a time window after training on it: tables with
+        `TableOptions(evict_idle_windows=k)` free the rows not trained in
+        the last `k` windows (`lifecycle.RowLifecycle.end_window`).
+
+        Counts this rank's rows since `begin_window`: the rows created
+        while training (new ids, and freed ids that came back), the rows
+        freed (by step-counted eviction during the window and by aging out
+        at its end) and the rows held now, so that `rows_kept` is the rows
+        held at `begin_window` plus `rows_added` minus `rows_evicted`.
+
+        Returns:
+            `{"rows_added", "rows_evicted", "rows_kept"}`, ints, over every
+            physical table of this rank.
+
+        Raises:
+            RuntimeError: `begin_window` was not called first.
+        """
+        if self._window_start is None:
+            raise RuntimeError("end_window() without begin_window(): call begin_window() "
+                               "before training on the window")
+        for store in self.tables:
+            if isinstance(store, RowLifecycle):
+                store.end_window()
+        rows_before, evicted_before = self._window_start
+        self._window_start = None
+        evicted = self._evicted() - evicted_before
+        kept = self.num_rows
+        return {"rows_added": kept - rows_before + evicted, "rows_evicted": evicted,
+                "rows_kept": kept}
+
+    @property
+    def num_rows(self) -> int:
+        """Rows this rank's tables hold."""
+        return sum(store.num_rows for store in self.tables)
+
+    def _evicted(self):
+        return sum(store.evicted for store in self.tables if isinstance(store, RowLifecycle))
 
     # ---- setup --------------------------------------------------------------------
 

@@ -14,9 +14,14 @@ tables set lifecycle fields in their `TableOptions` (see `options`):
   table is compacted, so freed slots are reused by the next new ids. A freed
   id that comes back gets a fresh row at its initial value (its admission
   count is kept, so it is admitted at once).
+* **Aging out** (`evict_idle_windows=k`): rows not touched while training
+  on the last `k` time windows are freed when a window ends (`end_window`,
+  which `rk.Model.fit_windows` calls after training on each window), the
+  same way: compaction, and tombstones for delta checkpoints.
 
 Eviction runs at the start of a training step (`begin_step`), before the
-step resolves any row, so no step ever sees rows move under it. The
+step resolves any row, or between windows (`end_window`), so no step ever
+sees rows move under it. The
 lifecycle counts per row of the wrapped store's `index` and changes that
 index only inside the store's `locked`, so a `host_cached` store's prefetch
 never runs beside it. Each row's logical table (which limits apply to it) is
@@ -112,13 +117,19 @@ class RowLifecycle(RowStore):
         self.min_hits = torch.tensor([o.evict_min_hits or 0 for o in options])
         self.evict_every = min(o.evict_every for o in options)
         self.evicts = any(o.evict_idle_steps or o.evict_min_hits for o in options)
+        self.idle_windows = torch.tensor([o.evict_idle_windows or NEVER for o in options])
+        self.ages_by_windows = any(o.evict_idle_windows for o in options)
         self.pending = KeyCounter()
+        # Per row of the index: the step and the window it was last trained
+        # in, and its hits since the last eviction pass.
         self.last_step = torch.zeros(0, dtype=torch.int64)
+        self.last_window = torch.zeros(0, dtype=torch.int64)
         self.hits = torch.zeros(0, dtype=torch.int64)
         if len(options) > 1:          # per-table limits: the index keeps each row's table
             store.index.track_tags()
         self.evicted = 0
         self.step = 0
+        self.window = 0        # windows ended so far: the window that trains now
 
     # ---- what the lifecycle changes ---------------------------------------------------
 
@@ -142,6 +153,39 @@ class RowLifecycle(RowStore):
                 self.compact((~stale).nonzero().squeeze(1))
                 self.evicted += freed
             self.hits = torch.zeros(self.index.weights.shape[0], dtype=torch.int64)
+
+    def end_window(self) -> int:
+        """Ends the current time window: frees the rows of tables with
+        `evict_idle_windows=k` that were not trained in it or the `k - 1`
+        windows before it, and starts the next window.
+
+        Rows loaded (`load`) count as trained in the window that was
+        current when they were loaded.
+
+        Returns:
+            The number of rows freed.
+
+        Example:
+
+        ```python
+        store = RowLifecycle(PhysicalTable(8),
+                             [rk.embedding.TableOptions(evict_idle_windows=2)])
+        ...                          # train on window 0, touching some keys
+        store.end_window()           # 0: nothing is 2 windows old yet
+        store.end_window()           # window 1 touched nothing: window 0's rows go
+        ```
+        """
+        freed = 0
+        if self.ages_by_windows:
+            with self.store.locked():
+                n = self.index.num_rows
+                stale = (self.window - self.last_window[:n]) >= self.idle_windows[self._tags(n)]
+                freed = int(stale.sum())
+                if freed:
+                    self.compact((~stale).nonzero().squeeze(1))
+                    self.evicted += freed
+        self.window += 1
+        return freed
 
     def resolve(self, keys: torch.Tensor, training: bool,
                 tags: torch.Tensor | None = None) -> tuple[torch.Tensor, Pin | None]:
@@ -183,14 +227,20 @@ class RowLifecycle(RowStore):
         self._fit_rows()
         live = rows[rows >= 0]
         self.last_step[live] = self.step
+        if self.ages_by_windows:
+            self.last_window[live] = self.window
         self.hits.index_add_(0, live, torch.ones_like(live))
         return rows
 
-    def _fit_rows(self):
+    def _fit_rows(self, fill_window=0):
+        """Grows the per-row counters to the index's capacity; rows that
+        come get `fill_window` as their last window (set again when trained)."""
         capacity = self.index.weights.shape[0]
         if self.last_step.numel() < capacity:
             extra = capacity - self.last_step.numel()
             self.last_step = torch.cat([self.last_step, torch.zeros(extra, dtype=torch.int64)])
+            self.last_window = torch.cat([self.last_window,
+                                          torch.full((extra,), fill_window)])
             self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.int64)])
 
     # ---- the rest is the wrapped store's ----------------------------------------------
@@ -315,20 +365,22 @@ class RowLifecycle(RowStore):
 
         An export holds no row ages or hit counts, and the loaded rows are
         numbered anew: they start with none, as in a process that loads the
-        same export fresh. Admission counts (per key) are kept; the rows'
-        tables come with the export's tags.
+        same export fresh, and count as trained in the current window.
+        Admission counts (per key) are kept; the rows' tables come with the
+        export's tags.
 
         Args:
             arrays: `{"keys", "weights", "state"}` numpy arrays or tensors
                 (and `"tags"`).
         """
         self.store.load(arrays)
-        self.last_step, self.hits = (torch.zeros(0, dtype=torch.int64) for _ in range(2))
-        self._fit_rows()
+        self.last_step, self.last_window, self.hits = (
+            torch.zeros(0, dtype=torch.int64) for _ in range(3))
+        self._fit_rows(fill_window=self.window)
 
     def compact(self, keep: torch.Tensor) -> torch.Tensor:
-        """The wrapped store's `compact`; row ages and hits move with their
-        rows (tags move in the index).
+        """The wrapped store's `compact`; row ages (in steps and windows)
+        and hits move with their rows (tags move in the index).
 
         Args:
             keep: int64 ascending rows of `index` to keep.
@@ -336,12 +388,12 @@ class RowLifecycle(RowStore):
         Returns:
             The new row of each kept row.
         """
-        kept = [values[keep] for values in (self.last_step, self.hits)]
+        kept = [values[keep] for values in (self.last_step, self.last_window, self.hits)]
         rows = self.store.compact(keep)
         capacity = self.index.weights.shape[0]
-        self.last_step, self.hits = (torch.zeros(capacity, dtype=torch.int64)
-                                     for _ in range(2))
-        for values, old in zip((self.last_step, self.hits), kept):
+        self.last_step, self.last_window, self.hits = (
+            torch.zeros(capacity, dtype=torch.int64) for _ in range(3))
+        for values, old in zip((self.last_step, self.last_window, self.hits), kept):
             values[rows] = old
         return rows
 

@@ -26,6 +26,10 @@ class TableOptions:
         evict_min_hits: free rows touched fewer times than this between two
             eviction passes.
         evict_every: training steps between eviction passes.
+        evict_idle_windows: free rows not touched while training on the last
+            this many time windows (aging out, counted in windows: see
+            `rk.Model.fit_windows`, which ends each window after training on
+            it, and `docs/continuous.md`).
         storage: `"device"` keeps every row on the device;
             `"host_cached"` keeps every row (and its optimizer state) in
             host memory and a bounded cache of hot rows on the device (see
@@ -42,6 +46,7 @@ class TableOptions:
     ```python
     emb = rk.layers.ShardedEmbedding(columns, table_options={
         "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000),
+        "C3": rk.embedding.TableOptions(evict_idle_windows=3),
         "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000)})
     ```
     """
@@ -50,6 +55,7 @@ class TableOptions:
     evict_idle_steps: int | None = None
     evict_min_hits: int | None = None
     evict_every: int = 100
+    evict_idle_windows: int | None = None
     storage: str = "device"
     cache_rows: int | None = None
     cache_bytes: int | None = None
@@ -60,7 +66,7 @@ class TableOptions:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TableOptions.{field} must be an int >= 1, got {value!r}")
-        for field in ("evict_idle_steps", "evict_min_hits"):
+        for field in ("evict_idle_steps", "evict_min_hits", "evict_idle_windows"):
             value = getattr(self, field)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -90,7 +96,8 @@ class TableOptions:
     @property
     def uses_lifecycle(self) -> bool:
         """Whether admission or eviction differs from the defaults."""
-        return (self.admit_after, self.evict_idle_steps, self.evict_min_hits) != (1, None, None)
+        return (self.admit_after, self.evict_idle_steps, self.evict_min_hits,
+                self.evict_idle_windows) != (1, None, None, None)
 
     def get_config(self) -> dict:
         """The fields as a dict: `TableOptions(**config)` rebuilds the options.

@@ -124,6 +124,52 @@ class ShardedEmbedding(keras.layers.Layer):
         return {name: keras.KerasTensor(self._output_shapes[name], dtype="float32")
                 for name in self.packing.output_names}
 
+    # ---- time windows ----------------------------------------------------------
+
+    def begin_window(self) -> None:
+        """Starts a time window: `end_window` counts the rows from here.
+
+        `rk.Model.fit_windows` calls it before training on each window when
+        a table ages out by windows; call it yourself in a loop of your own.
+
+        Example:
+
+        ```python
+        layer.begin_window()
+        model.fit(day, epochs=1)
+        layer.end_window()      # {"rows_added": ..., "rows_evicted": ..., "rows_kept": ...}
+        ```
+        """
+        self.engine.begin_window()
+
+    def end_window(self) -> dict[str, int]:
+        """Ends a time window after training on it: tables with
+        `rk.embedding.TableOptions(evict_idle_windows=k)` free the rows not
+        trained in the last `k` windows (their ids read zeros, and get a
+        fresh row when they come back).
+
+        Returns:
+            This rank's `{"rows_added", "rows_evicted", "rows_kept"}` since
+            `begin_window` (`EmbeddingEngine.end_window`).
+
+        Raises:
+            RuntimeError: `begin_window` was not called first.
+
+        Example:
+
+        ```python
+        layer.begin_window()
+        model.fit(day, epochs=1)
+        counts = layer.end_window()
+        ```
+        """
+        return self.engine.end_window()
+
+    @property
+    def ages_by_windows(self) -> bool:
+        """Whether any of its tables sets `evict_idle_windows`."""
+        return any(options.evict_idle_windows for options in self.table_options.values())
+
     # ---- saving ----------------------------------------------------------------
 
     def export_tables(self) -> list:

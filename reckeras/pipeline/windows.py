@@ -13,6 +13,13 @@ and `on_epoch_end(i, logs)` with the training logs (`loss`, the metrics)
 and the progressive ones (`progressive_loss`, `progressive_<metric>`). The
 `History` holds one entry per window under those keys, and the windows'
 names under `window`.
+
+Aging out: when an embedding table sets
+`rk.embedding.TableOptions(evict_idle_windows=k)`, every window ends, after
+its training, with `ShardedEmbedding.end_window` on every embedding layer:
+rows not trained in the last `k` windows are freed, and the logs and the
+`History` add the window's `rows_added`, `rows_evicted` and `rows_kept`,
+summed over the layers and the ranks.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
+import torch
 from tqdm.auto import tqdm
 
 from reckeras import distributed
 
 PROGRESSIVE_PREFIX = "progressive_"
+ROW_COUNTS = ("rows_added", "rows_evicted", "rows_kept")
 
 
 class _TrainBatchHooks(keras.callbacks.Callback):
@@ -73,6 +82,19 @@ def window_name(window: Any, index: int) -> str:
     return str(index)
 
 
+def _end_window(layers: list) -> dict[str, int]:
+    """Ends the window on every embedding layer (aging rows out) and sums
+    their row counts over the layers and the ranks."""
+    counts = torch.zeros(len(ROW_COUNTS), dtype=torch.int64)
+    for layer in layers:
+        ended = layer.end_window()
+        counts += torch.tensor([ended[key] for key in ROW_COUNTS])
+    if distributed.world().size > 1:
+        with distributed.collective("summing the window's embedding row counts"):
+            torch.distributed.all_reduce(counts)
+    return dict(zip(ROW_COUNTS, counts.tolist()))
+
+
 def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
                 verbose: int, callbacks: list | None, shuffle: bool,
                 class_weight: dict | None, sample_weight: str | None,
@@ -97,7 +119,8 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
         prefetch_depth: as in `fit`.
 
     Returns:
-        The `History`: one entry per window.
+        The `History`: one entry per window (with `rows_added`,
+        `rows_evicted` and `rows_kept` when a table ages out by windows).
 
     Raises:
         RuntimeError: when the ranks do not see the same windows.
@@ -120,6 +143,8 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
         [*(callbacks or []), history], model=model, verbose=verbose,
         epochs=len(windows), steps=None)
     inner_verbose = 1 if verbose == 1 else 0
+    layers = model.embedding_layers
+    ages = any(layer.ages_by_windows for layer in layers)
     callback_list.on_train_begin()
     logs = {}
     for index, (window, name) in enumerate(zip(windows, names)):
@@ -128,6 +153,9 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
             window, batch_size=evaluate_batch_size or batch_size, verbose=inner_verbose,
             callbacks=callback_list, return_dict=True, labels=labels,
             pipeline=pipeline, prefetch_depth=prefetch_depth)
+        if ages:
+            for layer in layers:
+                layer.begin_window()
         trained = model.fit(
             window, batch_size=batch_size, epochs=1, verbose=inner_verbose,
             callbacks=[_TrainBatchHooks(callback_list)], shuffle=shuffle,
@@ -136,11 +164,14 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
         logs = {key: values[-1] for key, values in trained.history.items()}
         logs.update({PROGRESSIVE_PREFIX + key: value
                      for key, value in progressive.items()})
+        if ages:
+            logs.update(_end_window(layers))
         callback_list.on_epoch_end(index, logs)
         history.history.setdefault("window", []).append(name)
         if verbose:
             tqdm.write(f"Window {index + 1}/{len(windows)} {name}: " + "  ".join(
-                f"{key}={value:.4f}" for key, value in logs.items()))
+                f"{key}={value}" if isinstance(value, int) else f"{key}={value:.4f}"
+                for key, value in logs.items()))
         if model.stop_training:
             break
     callback_list.on_train_end(logs)

@@ -78,3 +78,70 @@ def test_options_validation():
         rk.embedding.TableOptions(admit_after=0)
     with pytest.raises(ValueError, match="evict_idle_steps"):
         rk.embedding.TableOptions(evict_idle_steps=-3)
+
+
+def row_of(engine, table, raw_id):
+    key = mix64(torch.tensor([raw_id])) ^ table_salt(table)
+    index = engine.tables[0].index
+    row = index.find(key)[0]
+    return index.weights[row].clone() if row >= 0 else None
+
+
+def window(plan, engine, batches):
+    """Trains one window on `batches` of (a ids, b ids); returns its counts."""
+    engine.begin_window()
+    for a, b in batches:
+        step(plan, engine, a, b)
+    return engine.end_window()
+
+
+def test_rows_unseen_for_k_windows_age_out_and_come_back_fresh():
+    plan, engine = make({"a": rk.embedding.TableOptions(evict_idle_windows=2)})
+    # Window 0: a=1 (every window), a=2 (window 0 only), a=3 (windows 0 and 1).
+    assert window(plan, engine, [([1, 2], [5, 5]), ([3], [6])]) == \
+        {"rows_added": 5, "rows_evicted": 0, "rows_kept": 5}
+    assert window(plan, engine, [([1, 3], [5, 5])]) == \
+        {"rows_added": 0, "rows_evicted": 0, "rows_kept": 5}
+    # End of window 2: a=2 was not trained in windows 1 and 2; b has no aging.
+    assert window(plan, engine, [([1, 4], [5, 5])]) == \
+        {"rows_added": 1, "rows_evicted": 1, "rows_kept": 5}
+    assert row_of(engine, "a", 2) is None and row_of(engine, "a", 3) is not None
+    assert row_of(engine, "b", 6) is not None
+    # Window 3: a=3 was last trained in window 1: gone; a=1 and a=4 stay.
+    assert window(plan, engine, [([1, 4], [5, 5])]) == \
+        {"rows_added": 0, "rows_evicted": 1, "rows_kept": 4}
+    assert row_of(engine, "a", 3) is None
+    assert row_of(engine, "a", 1) is not None and row_of(engine, "a", 4) is not None
+    # An aged-out id reads zeros, and training gives it a fresh row at the
+    # initial value a new engine gives the same id.
+    packed = plan.packed_sparse({"a": torch.tensor([2]), "b": torch.tensor([5])})
+    (out, _), = engine.lookup(packed["ids"], packed["offsets"], training=False)
+    assert torch.equal(out[0, 0], torch.zeros(2))
+    step(plan, engine, [2], [5], grad=0.0)
+    fresh_plan, fresh = make({})
+    step(fresh_plan, fresh, [2], [5], grad=0.0)
+    assert torch.equal(row_of(engine, "a", 2), row_of(fresh, "a", 2))
+
+
+def test_loaded_rows_count_as_trained_in_the_window_they_were_loaded_in():
+    plan, engine = make({"a": rk.embedding.TableOptions(evict_idle_windows=1)})
+    window(plan, engine, [([1, 2], [5, 5])])
+    snapshot = engine.export_tables()
+    window(plan, engine, [([1], [5])])                  # a=2 ages out
+    assert row_of(engine, "a", 2) is None
+    engine.load_tables(snapshot)                        # before window 2
+    assert window(plan, engine, [([1], [5])])["rows_evicted"] == 0
+    assert row_of(engine, "a", 2) is not None           # K=1: loaded in window 2
+    assert window(plan, engine, [([1], [5])])["rows_evicted"] == 1
+    assert row_of(engine, "a", 2) is None
+
+
+def test_window_options_validation():
+    with pytest.raises(ValueError, match="TableOptions.evict_idle_windows must be None or "
+                                         "an int >= 1, got 0"):
+        rk.embedding.TableOptions(evict_idle_windows=0)
+    with pytest.raises(ValueError, match="evict_idle_windows"):
+        rk.embedding.TableOptions(evict_idle_windows=1.5)
+    _, engine = make({"a": rk.embedding.TableOptions(evict_idle_windows=1)})
+    with pytest.raises(RuntimeError, match="end_window\\(\\) without begin_window"):
+        engine.end_window()

@@ -1,0 +1,73 @@
+"""Aging out by windows on every rank: the model and windows of
+tests/pipeline/test_aging.py, trained by fit_windows with a full checkpoint
+after window 0 and, after window 3, a delta (base: that full) and a full.
+Rank 0 writes, per storage, the History's row counts, every rank's keys
+gathered, and whether the delta's chain loads to the full's rows and weights,
+to <out.json>.
+
+Usage: aging.py <dir> <out.json>
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import common  # noqa: F401  (sits beside this file; selects the backend first)
+
+import numpy as np
+import torch.distributed as dist
+
+from reckeras import distributed
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "pipeline"))
+from test_aging import BATCH, build, window_table  # noqa: E402
+
+directory, out_path = Path(sys.argv[1]), sys.argv[2]
+world = distributed.init(timeout_s=60)
+
+
+def gathered(model):
+    """{key: (row, state)} over all ranks."""
+    layer, = model.embedding_layers
+    table = layer.export_tables()[0]
+    local = {int(k): (w.tolist(), s.tolist())
+             for k, w, s in zip(table["keys"], table["weights"], table["state"])}
+    parts = [local]
+    if world.size > 1:
+        parts = [None] * world.size
+        dist.all_gather_object(parts, local)
+    merged = {}
+    for part in parts:
+        assert not merged.keys() & part.keys(), "a key is held by two ranks"
+        merged.update(part)
+    return merged
+
+
+results = {}
+windows = [window_table(w) for w in range(4)]
+for storage in ("device", "host_cached"):
+    model = build(storage)
+    first = model.fit_windows(windows[:1], batch_size=BATCH // world.size, verbose=0,
+                              shuffle=False)
+    model.save_checkpoint(directory / f"{storage}-full0")
+    rest = model.fit_windows(windows[1:], batch_size=BATCH // world.size, verbose=0,
+                             shuffle=False)
+    model.save_checkpoint(directory / f"{storage}-delta", base=directory / f"{storage}-full0")
+    model.save_checkpoint(directory / f"{storage}-full3")
+    held = gathered(model)
+    from_delta, from_full = build(storage), build(storage)
+    from_delta.load_checkpoint(directory / f"{storage}-delta")
+    from_full.load_checkpoint(directory / f"{storage}-full3")
+    same_weights = all(np.array_equal(a, b) for a, b in
+                       zip(from_delta.get_weights(), from_full.get_weights()))
+    results[storage] = {
+        "counts": [list(row) for history in (first, rest) for row in zip(
+            *(history.history[name] for name in ("rows_added", "rows_evicted",
+                                                 "rows_kept")))],
+        "keys": sorted(held),
+        "delta_equals_full": gathered(from_delta) == gathered(from_full) == held
+        and same_weights}
+if world.is_main:
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+distributed.barrier("rank 0 has written the results")
