@@ -45,6 +45,10 @@ class InMemoryData:
     ```
     """
 
+    # What `rk.Model.resume_at` needs to resume mid-epoch on another number
+    # of ranks: global batch k holds the same rows whatever the shard count.
+    global_batches_independent_of_shards = True
+
     def __init__(self, table: pa.Table, label: str | dict | None):
         self.table = table
         self.label = label

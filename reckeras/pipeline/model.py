@@ -77,6 +77,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         self._prepared = None          # the PreparedBatch of the running step
         self.nonfinite = "raise"
         self.pipeline_stats = {}
+        self._resume_position = None   # set by resume_at, taken by the next fit
 
     def inputs_as_declared(self, inputs: Any) -> list | None:
         """The flat input list when `inputs` is a dict of exactly the input
@@ -438,6 +439,81 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                                           rename_tables=rename_tables,
                                           skip_mismatch=skip_mismatch)
 
+    def resume_at(self, epoch: int, step: int = 0, *, global_batch_size: int | None = None,
+                  world_size: int | None = None) -> None:
+        """Makes the next `fit` start at step `step` of epoch `epoch`.
+
+        The seam of `rk.callbacks.BackupAndRestore`, which calls it from
+        `on_train_begin` after restoring a backup. `fit` then starts at
+        `epoch` (instead of `initial_epoch`) and leaves out the first `step`
+        batches of that epoch: they are read and dropped before any stage of
+        the pipeline, not trained on, and no callback sees them; the batches
+        after keep their indices in the batch hooks (the first is `step`).
+        The data order is the uninterrupted run's: epoch `e` is shuffled
+        with seed `seed + e` whatever epoch a fit starts at. Call it before
+        `fit` or from a callback's `on_train_begin`; only the next `fit`
+        takes it.
+
+        Args:
+            epoch: the epoch to start at (0-based).
+            step: the batches of that epoch already trained on.
+            global_batch_size: examples per step over all ranks in the run
+                that reached this position; `fit` checks that it is its own
+                (another global batch puts other examples in each step).
+            world_size: the number of ranks of that run. A mid-epoch
+                position resumes on another number of ranks only for data
+                whose global batches do not depend on it (a pyarrow Table or
+                a dict of arrays); a reckeras dataset gives each rank a
+                contiguous range of rows, so `fit` raises for it.
+
+        Raises:
+            ValueError: `epoch` or `step` is not an int >= 0, or
+                `global_batch_size` / `world_size` not a positive int.
+
+        Example:
+
+        ```python
+        model.load_checkpoint("backup/ckpt")
+        model.resume_at(2, 150)        # epoch 2, its first 150 batches trained
+        model.fit(train, epochs=4)     # epoch 2 from batch 150, then epoch 3
+        ```
+        """
+        for name, value, low in (("epoch", epoch, 0), ("step", step, 0),
+                                 ("global_batch_size", global_batch_size, 1),
+                                 ("world_size", world_size, 1)):
+            if value is None and name in ("global_batch_size", "world_size"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"resume_at: {name} must be an int >= {low}, got {value!r}")
+        self._resume_position = (epoch, step, global_batch_size, world_size)
+
+    def _take_resume_position(self, data, batch_size, steps):
+        """`(epoch, batches to skip)` of `resume_at`, checked against this fit."""
+        epoch, step, global_batch, recorded_world = self._resume_position
+        self._resume_position = None
+        world = distributed.world()
+        position = f"the position to resume at (epoch {epoch + 1}, after step {step})"
+        if global_batch is not None and global_batch != batch_size * world.size:
+            hint = f": pass batch_size={global_batch // world.size}" \
+                if global_batch % world.size == 0 else \
+                f", which {world.size} ranks cannot split evenly"
+            raise ValueError(f"{position} was reached with {global_batch} examples per step "
+                             f"over all ranks, this fit takes {batch_size} x {world.size} "
+                             f"rank(s) = {batch_size * world.size}: its steps hold other "
+                             f"examples{hint}")
+        if step > steps:
+            raise ValueError(f"{position} lies beyond this fit's epochs of {steps} steps: "
+                             f"the data is not the one that was trained on")
+        if step and recorded_world not in (None, world.size) and \
+                not getattr(data, "global_batches_independent_of_shards", False):
+            raise ValueError(
+                f"{position} was reached on {recorded_world} rank(s); this data gives each "
+                f"rank a contiguous range of rows, so the examples of the first {step} "
+                f"steps on {recorded_world} rank(s) are not those on {world.size}: resume "
+                f"on {recorded_world} rank(s), or back up at epoch ends "
+                f"(save_freq='epoch'), which resume on any number of ranks")
+        return epoch, step
+
     # ---- steps ---------------------------------------------------------------------
 
     def train_step(self, data: tuple) -> dict:
@@ -566,11 +642,11 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
     # ---- loops -----------------------------------------------------------------------
 
     def _stream(self, data, batch_size, steps, targets, training, shuffle=False, seed=0,
-                pipeline="auto", prefetch_depth=2):
+                pipeline="auto", prefetch_depth=2, skip=0):
         return streams.EpochStream(self.feature_columns, self._layers_fed_by_columns(),
                                    data, batch_size, steps, targets, training,
                                    shuffle=shuffle, seed=seed, pipeline=pipeline,
-                                   prefetch_depth=prefetch_depth)
+                                   prefetch_depth=prefetch_depth, skip=skip)
 
     def _sync_dense_weights(self):
         """Gives every rank rank 0's dense weights (once, before training)."""
@@ -659,8 +735,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
             raise ValueError("keras.callbacks.BackupAndRestore writes one weights file from "
                              "every rank, each holding only its own table rows: under "
-                             "torchrun use rk.callbacks.ModelCheckpoint and "
-                             "model.load_checkpoint, which save and load sharded tables")
+                             "torchrun use rk.callbacks.BackupAndRestore(backup_dir), "
+                             "which writes sharded reckeras checkpoints and resumes "
+                             "mid-epoch on any number of ranks")
         batch_size = _batch_size(batch_size)
         verbose = _verbose(verbose)
         if not (isinstance(validation_freq, int) and validation_freq >= 1):
@@ -692,11 +769,14 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         verbose = verbose if distributed.world().is_main else 0
         steps = streams.agreed_steps(data, batch_size, steps_per_epoch)
         callback_list = self._callback_list(callbacks, verbose, epochs, steps,
-                                            add_history=True)
+                                            add_history=True, batch_size=batch_size)
         self.stop_training = False
         self.make_train_function()
         callback_list.on_train_begin()
         initial_epoch = _keras_compat.initial_epoch(self, initial_epoch)
+        skip = 0
+        if self._resume_position is not None:
+            initial_epoch, skip = self._take_resume_position(data, batch_size, steps)
         epoch_logs = {}
         self.pipeline_stats = {}
         for epoch in range(initial_epoch, epochs):
@@ -704,7 +784,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             callback_list.on_epoch_begin(epoch)
             self.train()
             self._fit_epoch(epoch, epochs, data, batch_size, steps, targets, shuffle,
-                            seed, pipeline, prefetch_depth, callback_list, verbose)
+                            seed, pipeline, prefetch_depth, callback_list, verbose,
+                            skip=skip if epoch == initial_epoch else 0)
             epoch_logs = self._synced_metrics_result()
             self.eval()
             if validation_data is not None and (epoch + 1) % validation_freq == 0:
@@ -838,23 +919,26 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         return frozenset(columns[output] for output, loss in losses.items()
                          if output in columns and _is_binary_crossentropy(loss))
 
-    def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False):
-        """The loop's `CallbackList` (fit hands its own to its validation)."""
+    def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False,
+                       **params):
+        """The loop's `CallbackList` (fit hands its own to its validation);
+        `params` join Keras's `verbose`, `epochs` and `steps`."""
         if isinstance(callbacks, keras.callbacks.CallbackList):
             return callbacks
         return keras.callbacks.CallbackList(callbacks, add_history=add_history,
                                             add_progbar=False, model=self, verbose=verbose,
-                                            epochs=epochs, steps=steps)
+                                            epochs=epochs, steps=steps, **params)
 
     def _fit_epoch(self, epoch, epochs, data, batch_size, steps, targets, shuffle, seed,
-                   pipeline, prefetch_depth, callback_list, verbose):
-        bar = tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
-                   disable=verbose != 1, leave=True)
+                   pipeline, prefetch_depth, callback_list, verbose, skip=0):
+        """One epoch of `fit`; its first `skip` batches are left out (`resume_at`)."""
+        bar = tqdm(total=steps, initial=skip, desc=f"Epoch {epoch + 1}/{epochs}",
+                   unit="step", disable=verbose != 1, leave=True)
         examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
         stream = self._stream(data, batch_size, steps, targets, True, shuffle,
-                              seed + epoch, pipeline, prefetch_depth)
+                              seed + epoch, pipeline, prefetch_depth, skip=skip)
         with stream as batches:
-            for step, batch in enumerate(batches):
+            for step, batch in enumerate(batches, start=skip):
                 callback_list.on_train_batch_begin(step)
                 step_started = time.perf_counter()
                 try:

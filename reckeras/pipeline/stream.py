@@ -95,6 +95,9 @@ class EpochStream:
         seed: seed of the permutation.
         pipeline: `True`, `False` or `"auto"` (see `pipeline_threads`).
         prefetch_depth: batches each stage may run ahead.
+        skip: leave out the first `skip` of the `steps` batches (a resumed
+            epoch's batches trained before its backup, `rk.Model.resume_at`):
+            they are read and dropped before the first stage.
 
     Example:
 
@@ -109,7 +112,7 @@ class EpochStream:
 
     def __init__(self, columns: Any, fed_layers: list, data: Any, batch_size: int, steps: int,
                  targets: Targets, training: bool, shuffle: bool = False, seed: int = 0,
-                 pipeline: bool | str = "auto", prefetch_depth: int = 2):
+                 pipeline: bool | str = "auto", prefetch_depth: int = 2, skip: int = 0):
         world = distributed.world()
         device = _keras_compat.keras_device()
         on_gpu = device.type == "cuda"
@@ -140,10 +143,11 @@ class EpochStream:
 
             stages.append(("cache_prefetch", cache_rows))
         self.threads = pipeline_threads(pipeline)
-        source = data.batches(batch_size, shuffle=shuffle, seed=seed,
-                              shard_index=world.rank, num_shards=world.size)
+        source = itertools.islice(
+            data.batches(batch_size, shuffle=shuffle, seed=seed, shard_index=world.rank,
+                         num_shards=world.size), skip, None)
         self.pipeline = Pipeline(source, stages, depth=prefetch_depth, threads=self.threads)
-        self.steps = steps
+        self.steps = steps - skip
         self.sparse_dist = SparseDist(fed_layers, training) \
             if self.threads and fed_layers and world.size > 1 else None
 
