@@ -57,7 +57,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
     or gradients are not finite changes nothing (`compile(nonfinite=...)`).
     `get_weights`/`set_weights` carry the tables along, so Keras's
     `EarlyStopping(restore_best_weights=True)` and `BackupAndRestore` restore
-    tables and dense weights of the same epoch.
+    tables and dense weights of the same epoch; `rk.callbacks.BackupAndRestore`
+    also resumes mid-epoch, under torchrun too (`resume_at`).
 
     Example:
 
@@ -689,7 +690,10 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             verbose: `"auto"` or 1: a progress bar per epoch; 2: one line per
                 epoch; 0: silent.
             callbacks: Keras callbacks (History is always added). Validation
-                calls their test hooks, as Keras does.
+                calls their test hooks, as Keras does. Their `params` hold
+                `batch_size` (per rank) beside Keras's `verbose`, `epochs`
+                and `steps`. `rk.callbacks.BackupAndRestore` backs up and
+                resumes mid-epoch on any number of ranks (`resume_at`).
             validation_split: fraction of in-memory data (the last rows,
                 before shuffling) held out and evaluated after every epoch.
             validation_data: data evaluated after every epoch (`val_` logs):
