@@ -213,3 +213,32 @@ def test_keras_backup_and_restore_under_torchrun_points_to_reckeras(monkeypatch,
     with pytest.raises(ValueError, match=r"use rk\.callbacks\.BackupAndRestore\(backup_dir\)"):
         build().fit(rows(64), verbose=0,
                     callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
+
+
+def test_a_crash_between_checkpoint_and_record_resumes_from_the_backup_before(
+        tmp_path, straight, monkeypatch):
+    # The fit dies after the checkpoint of global step 10 is complete but
+    # before backup.json names it: the record still names step 5's, which
+    # is still there, and the resume starts from it.
+    from reckeras import callbacks
+    backup_dir = tmp_path / "backup"
+    write, records = callbacks._write_atomically, []
+
+    def crash_on_the_second_record(path, text):
+        if records:
+            raise RuntimeError("interrupted")
+        records.append(text)
+        write(path, text)
+
+    monkeypatch.setattr(callbacks, "_write_atomically", crash_on_the_second_record)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(build(), [rk.callbacks.BackupAndRestore(backup_dir, save_freq=5)])
+    monkeypatch.setattr(callbacks, "_write_atomically", write)
+    assert sorted(os.listdir(backup_dir)) == ["backup.json", "ckpt-00000-0000005",
+                                              "ckpt-00000-0000010"]
+    seen = Batches()
+    resumed = build(seed=7)
+    with pytest.warns(UserWarning, match="metrics"):
+        fit(resumed, [rk.callbacks.BackupAndRestore(backup_dir, save_freq=5), seen])
+    assert seen.seen[0] == (0, 5)
+    assert_same_model(straight[0], by_key(resumed))
