@@ -282,6 +282,9 @@ static void pool_range(void *context, int64_t lo, int64_t hi) {
     const uint64_t span = (uint64_t)(hi - lo), num_targets = (uint64_t)a->num_targets;
     float *out = a->out + lo * dim;
     int bad = 0;
+    /* The caller passes uninitialized memory: each thread zeroes the targets
+     * it owns (in parallel, and while they are warm in its cache). */
+    memset(out, 0, (size_t)span * (size_t)dim * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         int64_t target = target_row[i];
         if (!owns(target, lo, span, num_targets, &bad)) continue;
@@ -301,6 +304,7 @@ static void aggregate_range(void *context, int64_t lo, int64_t hi) {
     const uint64_t span = (uint64_t)(hi - lo), num_targets = (uint64_t)a->num_targets;
     float *out = a->out + lo * dim;
     int bad = 0;
+    memset(out, 0, (size_t)span * (size_t)dim * sizeof(float));   /* as in pool_range */
     for (int64_t i = 0; i < n; i++) {
         int64_t target = target_row[i];
         if (!owns(target, lo, span, num_targets, &bad)) continue;
@@ -311,9 +315,10 @@ static void aggregate_range(void *context, int64_t lo, int64_t hi) {
     if (bad) __atomic_fetch_or(&a->bad, bad, __ATOMIC_RELAXED);
 }
 
-/* out[destination[i]] += weights[unique_rows[unique_index[i]]] * id_weight[i].
- * Returns the BAD_* bits of the indices out of range (0: none); then
- * nothing is read through them and out is garbage. */
+/* out[destination[i]] += weights[unique_rows[unique_index[i]]] * id_weight[i],
+ * out zeroed first (it may hold garbage on entry). Returns the BAD_* bits
+ * of the indices out of range (0: none); then nothing is read through them
+ * and out is garbage. */
 int rk_pool_forward(const float *weights, int64_t num_rows, int64_t dim,
                     const int64_t *unique_rows, int64_t num_unique,
                     const int64_t *unique_index, const int64_t *destination,
@@ -327,9 +332,9 @@ int rk_pool_forward(const float *weights, int64_t num_rows, int64_t dim,
     return a.bad;
 }
 
-/* grads[unique_index[i]] += grad_out[destination[i]] * id_weight[i].
- * Returns the BAD_* bits of the indices out of range (0: none); then
- * nothing is read through them and grads is garbage. */
+/* grads[unique_index[i]] += grad_out[destination[i]] * id_weight[i], grads
+ * zeroed first. Returns the BAD_* bits of the indices out of range (0: none);
+ * then nothing is read through them and grads is garbage. */
 int rk_aggregate(const float *grad_out, int64_t num_slots, int64_t dim,
                  const int64_t *unique_index, const int64_t *destination,
                  const float *id_weight, int64_t n, float *grads, int64_t num_unique,

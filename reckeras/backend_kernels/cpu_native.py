@@ -498,7 +498,7 @@ def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
     n = _forward_index(kernel, unique_index, destination, id_weight)
     num_slots = _integer(kernel, "num_slots", num_slots)
     num_rows, dim = weights.shape
-    out = torch.zeros(num_slots, dim, dtype=torch.float32)
+    out = torch.empty(num_slots, dim, dtype=torch.float32)     # the C loop zeroes it
     bad = library().rk_pool_forward(_p(weights), num_rows, dim, _p(unique_rows),
                                     unique_rows.shape[0], _p(unique_index),
                                     _p(destination), _p(id_weight), n, _p(out),
@@ -551,7 +551,7 @@ def aggregate(grad_out: torch.Tensor, unique_index: torch.Tensor,
     n = _forward_index(kernel, unique_index, destination, id_weight)
     num_unique = _integer(kernel, "num_unique", num_unique)
     num_slots, dim = grad_out.shape
-    grads = torch.zeros(num_unique, dim, dtype=torch.float32)
+    grads = torch.empty(num_unique, dim, dtype=torch.float32)  # the C loop zeroes it
     bad = library().rk_aggregate(_p(grad_out), num_slots, dim, _p(unique_index),
                                  _p(destination), _p(id_weight), n, _p(grads), num_unique,
                                  _threads())

@@ -99,6 +99,23 @@ def test_pool_forward_and_aggregate(dim):
                                expected, rtol=1e-5, atol=1e-5)
 
 
+def test_outputs_are_zeroed_where_no_id_writes():
+    # The wrappers hand the C loops uninitialized memory: fill the memory
+    # the allocator hands out next with NaN, and ask for outputs most of whose
+    # slots (rows) no id writes.
+    weights, unique = torch.ones(4, 8), torch.tensor([3, 1])
+    index, destination, scale = torch.tensor([0, 1]), torch.tensor([5, 900]), torch.ones(2)
+    for _ in range(3):
+        torch.full((1000, 8), float("nan"))
+        out = cpu_native.pool_forward(weights, unique, index, destination, scale, 1000)
+        expected = torch.zeros(1000, 8)
+        expected[[5, 900]] = 1.0
+        assert torch.equal(out, expected)
+        torch.full((2, 8), float("nan"))
+        grads = cpu_native.aggregate(out, index, destination, scale, 2)
+        assert torch.equal(grads, torch.ones(2, 8))
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad"])
 def test_apply_update(kind):
     generator = torch.Generator().manual_seed(0)
