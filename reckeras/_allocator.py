@@ -11,12 +11,20 @@ tcmalloc; reckeras gets the same effect from glibc itself with three
 
 * `M_MMAP_THRESHOLD` 32 MiB (glibc's maximum): smaller blocks come from
   the heap and are reused;
+* `M_MMAP_MAX` 0: larger blocks too. The threshold cannot go above 32 MiB,
+  and at a thousand fields a step's largest buffers are over it (the pooled
+  `[2048, 8000]` float32 output, its concatenation with the dense tower and
+  their gradients: 65 MB each); served by `mmap`, each cost its 16k page
+  faults again every step, ~15% of the `huge` workload's step;
 * `M_TRIM_THRESHOLD` 2 GiB - 1 (mallopt takes an int): freed heap memory
   stays with the process;
 * `M_TOP_PAD` 256 MiB: the heap grows in large steps.
 
 The process keeps its peak memory until it exits, which is what a training
-job does anyway. The settings are process-wide. Set
+job does anyway, with one exception: an embedding table that grows frees
+its old arrays, which at 10^8 rows are gigabytes never needed again, and
+`release_free_memory` hands those pages back to the OS. The settings are
+process-wide. Set
 `RECKERAS_MALLOC_TUNING=0` to leave the allocator alone; on a libc other
 than glibc nothing changes.
 """
@@ -30,9 +38,10 @@ import platform
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
+_M_MMAP_MAX = -4
 
-_SETTINGS = ((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_TRIM_THRESHOLD, 2**31 - 1),
-             (_M_TOP_PAD, 256 * 2**20))
+_SETTINGS = ((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_MMAP_MAX, 0),
+             (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 256 * 2**20))
 
 
 def tune_malloc() -> bool:
@@ -56,6 +65,39 @@ def tune_malloc() -> bool:
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    return all(libc.mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) == 1
-               for parameter, value in _SETTINGS)
+    global _tuned_libc
+    libc = _glibc()
+    tuned = all(libc.mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) == 1
+                for parameter, value in _SETTINGS)
+    _tuned_libc = libc if tuned else None
+    return tuned
+
+
+_tuned_libc = None
+
+
+def _glibc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def release_free_memory() -> bool:
+    """Returns the heap's free pages to the OS (glibc's `malloc_trim`).
+
+    With the settings above freed memory stays in the process; an embedding
+    table calls this after it grows, when it has just freed its old arrays.
+    It takes a few milliseconds on a heap of gigabytes (tables grow by
+    doubling, so it runs a few dozen times in a job).
+
+    Returns:
+        Whether memory was handed back (False when the settings are not in
+        force, or when nothing was free).
+
+    Example:
+
+    ```python
+    from reckeras._allocator import release_free_memory
+
+    release_free_memory()
+    ```
+    """
+    return bool(_tuned_libc is not None and _tuned_libc.malloc_trim(ctypes.c_size_t(0)))

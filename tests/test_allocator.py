@@ -1,5 +1,6 @@
 """The glibc allocator settings applied when reckeras is imported."""
 
+import os
 import platform
 
 import pytest
@@ -17,3 +18,43 @@ def test_glibc_accepts_every_setting():
 def test_opt_out_leaves_the_allocator_alone(monkeypatch):
     monkeypatch.setenv("RECKERAS_MALLOC_TUNING", "0")
     assert tune_malloc() is False
+
+
+
+def _heap():
+    """The `[heap]` mapping of this process (glibc's brk heap): start, end."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if line.rstrip().endswith("[heap]"):
+                start, end = line.split()[0].split("-")
+                return int(start, 16), int(end, 16)
+    raise AssertionError("no [heap] mapping")
+
+
+def _resident_mb():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not GLIBC, reason="the settings exist only in glibc")
+def test_a_buffer_above_the_mmap_threshold_comes_from_the_heap():
+    # A step's 65 MB buffers: served by mmap, each would fault in its 16k
+    # pages again on every allocation; from the heap, freed ones are reused.
+    import torch
+    assert tune_malloc() is True
+    buffer = torch.empty(64 * 2**18)                 # float32: 64 MB
+    start, end = _heap()
+    assert start <= buffer.data_ptr() < end
+
+
+@pytest.mark.skipif(not GLIBC, reason="the settings exist only in glibc")
+def test_freed_memory_stays_until_released():
+    import torch
+
+    from reckeras._allocator import release_free_memory
+    assert tune_malloc() is True
+    buffer = torch.empty(512 * 2**18).fill_(1.0)      # 512 MB
+    del buffer
+    kept = _resident_mb()
+    assert release_free_memory() is True
+    assert kept - _resident_mb() > 400, (kept, _resident_mb())

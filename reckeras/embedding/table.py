@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, ContextManager
 import numpy as np
 import torch
 
+from reckeras._allocator import release_free_memory
 from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import initial_rows
 
@@ -406,6 +407,7 @@ class PhysicalTable(RowStore):
         if needed > self.slot_keys.numel() * hash_table.MAX_LOAD:
             self.slot_keys, self.slot_rows = hash_table.rehash(
                 self.slot_keys, self.slot_rows, hash_table.capacity_for(needed))
+            release_free_memory()
 
     def _rows_storage(self, rows, width, fill):
         """A `[rows, width]` float32 array filled with `fill` (left
@@ -448,6 +450,7 @@ class PhysicalTable(RowStore):
             tags[:self.num_rows] = self.tags[:self.num_rows]
             self.tags = tags
         self.weights, self.state, self.keys, self.written_at = weights, state, keys, written
+        release_free_memory()       # the old arrays: freed, never needed again
 
     def find_or_insert(self, keys: torch.Tensor,
                        tags: torch.Tensor | None = None) -> torch.Tensor:
