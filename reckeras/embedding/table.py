@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import math
+import mmap
+import os
 from typing import TYPE_CHECKING, ContextManager
 
 import numpy as np
@@ -44,6 +47,51 @@ from reckeras.backend_kernels.hashing import initial_rows
 
 if TYPE_CHECKING:
     from reckeras.embedding.cache import Pin
+
+
+# A CPU table that reaches this many rows keeps its arrays in reserved address
+# space, where growing moves nothing (see `PhysicalTable._extended`); below it
+# doubling copies cost little.
+RESERVE_FROM_ROWS = 2**20
+
+
+def physical_host_bytes() -> int:
+    """The host's physical memory in bytes: the most one array can hold.
+
+    Returns:
+        `SC_PHYS_PAGES * SC_PAGE_SIZE`.
+    """
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def reserve_memory(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor over fresh anonymous memory that is reserved, not committed.
+
+    Its pages read zeros and take host memory only once written, so a table
+    can reserve room for all the rows the host could hold and grow into it
+    without moving.
+
+    Args:
+        shape: the tensor's shape.
+        dtype: its dtype.
+
+    Returns:
+        A writable tensor of that shape; its memory is unmapped when the
+        last view of it is freed.
+
+    Example:
+
+    ```python
+    from reckeras.embedding.table import reserve_memory
+
+    rows = reserve_memory((10**9, 16), torch.float32)   # 64 GB of address space
+    rows[:3] = 1.0                                        # one page committed
+    ```
+    """
+    nbytes = max(1, math.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                       | getattr(mmap, "MAP_NORESERVE", 0))
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)
 
 
 def available_host_bytes() -> int | None:
@@ -309,6 +357,8 @@ class PhysicalTable(RowStore):
         self.written_at = torch.zeros(2, dtype=torch.int32, device=self.device)
         self.generation = 1
         self.deleted = []           # tombstones: (int64 keys on the CPU, generation)
+        self._reservations = {}     # array name -> the reserved memory it views
+        self._rows_written = 0      # the most rows ever held (reserved pages touched)
 
     # ---- the row store -----------------------------------------------------------
 
@@ -378,19 +428,46 @@ class PhysicalTable(RowStore):
         """Rows and bytes of the table.
 
         Returns:
-            `{"dim", "rows", "bytes"}`.
+            `{"dim", "rows", "bytes", "bytes_by_part"}` (see `memory_by_part`).
         """
-        return {"dim": self.dim, "rows": self.num_rows, "bytes": self.memory_bytes()}
+        parts = self.memory_by_part()
+        return {"dim": self.dim, "rows": self.num_rows, "bytes": sum(parts.values()),
+                "bytes_by_part": parts}
 
     def memory_bytes(self) -> int:
         """Bytes of the index, keys, rows, optimizer state and change tracking.
 
         Returns:
-            The bytes of every array the table holds.
+            The sum of `memory_by_part`.
         """
-        tensors = [self.slot_keys, self.slot_rows, self.keys, self.weights, self.state,
-                   self.written_at] + ([] if self.tags is None else [self.tags])
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(self.memory_by_part().values())
+
+    def memory_by_part(self) -> dict[str, int]:
+        """The bytes the table holds, by part.
+
+        An array in reserved memory counts the rows ever written into it
+        (its other pages are not committed); any other array its whole
+        capacity.
+
+        Returns:
+            `{"rows": weights, "optimizer_state": state, "keys": each row's
+            key, "tracking": written_at and tags, "index": the hash map's
+            slots}`.
+        """
+        def held(name):
+            array = getattr(self, name)
+            if array is None:
+                return 0
+            reserved = self._reservations.get(name)
+            rows = array.shape[0]
+            if reserved is not None and reserved.data_ptr() == array.data_ptr():
+                rows = min(rows, self._rows_written + 1)
+            return rows * (array[0].numel() if array.shape[0] else 0) * array.element_size()
+
+        return {"rows": held("weights"), "optimizer_state": held("state"),
+                "keys": held("keys"), "tracking": held("written_at") + held("tags"),
+                "index": self.slot_keys.numel() * self.slot_keys.element_size()
+                + self.slot_rows.numel() * self.slot_rows.element_size()}
 
     # ---- the hash index and the row arrays ------------------------------------------
 
@@ -434,23 +511,79 @@ class PhysicalTable(RowStore):
         if needed <= capacity:
             return
         new_capacity = max(needed, 2 * capacity)
+        if self._reservable(new_capacity):
+            self._check_available(needed - capacity)
+            grow = self._extended
+        else:
+            grow = self._copied
         # Rows past num_rows are written when they are created, so the new
         # capacity needs no initial fill (filling ~all of it again each time
         # the table doubles showed in the step time).
-        weights = self._rows_storage(new_capacity, self.dim, None)
-        weights[:self.num_rows] = self.weights[:self.num_rows]
-        state = self._rows_storage(new_capacity, self.state.shape[1], None)
-        state[:self.num_rows] = self.state[:self.num_rows]
-        keys = torch.empty(new_capacity, dtype=torch.int64, device=self.device)
-        keys[:self.num_rows] = self.keys[:self.num_rows]
-        written = torch.zeros(new_capacity + 1, dtype=torch.int32, device=self.device)
-        written[:self.num_rows] = self.written_at[:self.num_rows]
+        self.weights = grow("weights", self.weights, new_capacity)
+        self.state = grow("state", self.state, new_capacity)
+        self.keys = grow("keys", self.keys, new_capacity)
+        # One entry more: the sink row -1 writes into (zeros for new rows).
+        self.written_at = grow("written_at", self.written_at, new_capacity + 1,
+                               zero_tail=True)
         if self.tags is not None:
-            tags = torch.empty(new_capacity, dtype=torch.int32, device=self.device)
-            tags[:self.num_rows] = self.tags[:self.num_rows]
-            self.tags = tags
-        self.weights, self.state, self.keys, self.written_at = weights, state, keys, written
-        release_free_memory()       # the old arrays: freed, never needed again
+            self.tags = grow("tags", self.tags, new_capacity)
+        if grow == self._copied:
+            release_free_memory()       # the old arrays: freed, never needed again
+
+    def _reservable(self, capacity):
+        """Whether this table grows inside reserved address space: a CPU
+        table (not pinned) of at least `RESERVE_FROM_ROWS` rows."""
+        return self.device.type == "cpu" and not self.pin_memory and \
+            capacity >= RESERVE_FROM_ROWS
+
+    def _check_available(self, rows):
+        """MemoryError naming the table when `rows` more rows do not fit in
+        the host memory available (reserved pages are only committed when
+        touched, so the kernel would not refuse them: its OOM killer would
+        end the process instead)."""
+        needed = rows * self._bytes_per_row()
+        available = available_host_bytes()
+        if available is not None and needed > available:
+            raise MemoryError(f"embedding table {self.name}: {rows} more rows need "
+                              f"{needed} bytes, host memory has {available} bytes "
+                              f"available")
+
+    def _bytes_per_row(self):
+        arrays = [self.weights, self.state, self.keys, self.written_at] + \
+            ([] if self.tags is None else [self.tags])
+        return sum(a[0].numel() * a.element_size() for a in arrays)
+
+    def _copied(self, name, array, rows, zero_tail=False):
+        """`array` with `rows` rows, its first `num_rows` copied."""
+        shape = (rows, *array.shape[1:])
+        grown = torch.zeros(shape, dtype=array.dtype, device=self.device) if zero_tail \
+            else self._rows_storage(rows, shape[1], None) if array.dtype == torch.float32 \
+            and array.ndim == 2 else torch.empty(shape, dtype=array.dtype, device=self.device)
+        grown[:self.num_rows] = array[:self.num_rows]
+        return grown
+
+    def _extended(self, name, array, rows, zero_tail=False):
+        """`array` with `rows` rows as a longer view of its reservation: no
+        copy, no second array, and no stall however large the table. A
+        reservation spans the host's memory; its pages cost nothing until
+        rows are written (Linux commits anonymous memory page by page), and
+        they come zeroed. An array not in a reservation (the first growth
+        past `RESERVE_FROM_ROWS`, or one `load` replaced) moves into a new
+        one, its rows copied once."""
+        if not array[0].numel():        # no optimizer state yet: nothing to hold
+            return array.new_empty((rows, *array.shape[1:]))
+        reserved = self._reservations.get(name)
+        if reserved is None or reserved.data_ptr() != array.data_ptr() or \
+                reserved.shape[0] < rows:
+            row_bytes = array[0].numel() * array.element_size()
+            reserved = reserve_memory((max(rows, physical_host_bytes() // row_bytes),
+                                       *array.shape[1:]), array.dtype)
+            reserved[:self.num_rows] = array[:self.num_rows]
+            self._reservations[name] = reserved
+        elif zero_tail:
+            # The old sink entry (row -1's marks) becomes a row: zero it.
+            reserved[array.shape[0] - 1:rows].zero_()
+        return reserved[:rows]
 
     def find_or_insert(self, keys: torch.Tensor,
                        tags: torch.Tensor | None = None) -> torch.Tensor:
@@ -493,6 +626,7 @@ class PhysicalTable(RowStore):
                     self.tags[new_rows] = tags.to(self.device).index_select(
                         0, absent).to(torch.int32)
             self.num_rows = after
+            self._rows_written = max(self._rows_written, after)
         return rows
 
     def find(self, keys: torch.Tensor) -> torch.Tensor:

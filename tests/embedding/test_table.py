@@ -55,3 +55,69 @@ def test_export_load_round_trip():
     np.testing.assert_array_equal(other.state[rows, 0].numpy(), [3.0, 2.0, 1.0])
     with pytest.raises(ValueError, match="dim 4"):
         PhysicalTable(dim=4).load(exported)
+
+
+def _resident_bytes():
+    import os
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_reserved_memory_is_committed_only_where_written():
+    from reckeras.embedding.table import reserve_memory
+    before = _resident_bytes()
+    rows = reserve_memory((2**27, 16), torch.float32)      # 8 GiB of address space
+    assert _resident_bytes() - before < 2**24
+    assert rows.shape == (2**27, 16) and float(rows[2**26].sum()) == 0.0
+    rows[:2**16] = 1.0                                       # 4 MiB written
+    assert 2**22 <= _resident_bytes() - before < 2**24
+    assert float(rows[:2**16].mean()) == 1.0
+
+
+def test_a_large_table_grows_in_place(monkeypatch):
+    from reckeras.embedding import table as table_module
+    monkeypatch.setattr(table_module, "RESERVE_FROM_ROWS", 64)
+    table = PhysicalTable(dim=4, init_scale=0.1, seed=3)
+    table.configure_state(1, 0.5)
+    first = torch.arange(40) * 1009 - 7
+    rows = table.find_or_insert(first)
+    table.weights[rows] += 1.0                           # trained values to keep
+    table.state[rows] = 2.0
+    table.mark_written(rows)
+    expected = table.weights[rows].clone()
+    moved = table.find_or_insert(torch.arange(40, 100) * 1009 - 7)   # -> reserved
+    assert moved.min() == 40
+    start = table.weights.data_ptr()
+    grown = table.find_or_insert(torch.arange(100, 5000) * 1009 - 7)  # grows inside it
+    assert table.weights.data_ptr() == start and table.weights.shape[0] >= 5000
+    every = torch.arange(5000) * 1009 - 7
+    assert torch.equal(table.find(every), torch.cat([rows, moved, grown]))
+    torch.testing.assert_close(table.weights[rows], expected)
+    assert bool((table.state[rows] == 2.0).all()) and bool((table.state[grown] == 0.5).all())
+    # New rows start unwritten, old ones keep their marks.
+    assert bool((table.written_at[grown] == 0).all())
+    assert bool((table.written_at[rows] == table.generation).all())
+    torch.testing.assert_close(table.weights[grown], initial_rows(
+        every[100:], 4, 0.1, 3))
+    # Bytes by part count the rows written, not the reservation.
+    parts = table.memory_by_part()
+    assert parts["rows"] == 5000 * 16 and parts["optimizer_state"] == 5000 * 4
+    # written_at has one entry more: the one row -1 (no row) writes into.
+    assert parts["keys"] == 5000 * 8 and parts["tracking"] == 5001 * 4
+    assert parts["index"] == table.slot_keys.numel() * 16
+    assert table.stats()["bytes"] == sum(parts.values())
+
+
+def test_a_load_into_a_reserved_table_then_growth(monkeypatch):
+    from reckeras.embedding import table as table_module
+    monkeypatch.setattr(table_module, "RESERVE_FROM_ROWS", 64)
+    source = PhysicalTable(dim=2, seed=1)
+    source.find_or_insert(torch.arange(300))
+    table = PhysicalTable(dim=2, seed=1)
+    table.find_or_insert(torch.arange(1000, 1200))
+    table.load(source.export())
+    table.find_or_insert(torch.arange(300, 700))
+    assert torch.equal(table.keys[table.find(torch.arange(700))], torch.arange(700))
+    assert bool((table.find(torch.arange(1000, 1200)) == -1).all())
+    torch.testing.assert_close(table.weights[table.find(torch.arange(700))],
+                               initial_rows(torch.arange(700), 2, 0.05, 1))
