@@ -350,8 +350,10 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             `{layer name: {"per_rank": [stats of rank 0, ...],
             "rows_imbalance": max/mean, "requests_imbalance": max/mean}}`
             where each rank's stats hold `requests` and, per physical table,
-            `dim`, `rows` and `bytes` (plus `cache`, the device cache's hit
-            rates and traffic, for `host_cached` tables; see
+            `dim`, `rows`, `bytes` and `bytes_by_part` (`rows`,
+            `optimizer_state`, `keys`, `tracking`, `index`; see
+            `PhysicalTable.memory_by_part`), plus `cache`, the device cache's
+            hit rates and traffic, for `host_cached` tables (see
             `docs/caching.md`).
         """
         from reckeras.embedding.sharding import imbalance

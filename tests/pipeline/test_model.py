@@ -140,7 +140,14 @@ def test_embedding_stats():
     (rank0,) = layer_stats["per_rank"]
     table = model.embedding_layers[0].tables[0]
     assert rank0["tables"] == [{"dim": 8, "rows": table.num_rows,
-                                "bytes": table.memory_bytes()}]
+                                "bytes": table.memory_bytes(),
+                                "bytes_by_part": table.memory_by_part()}]
+    # dim 8 float32 rows, one row-wise Adagrad value, one int64 key, and the
+    # hash index's int64 key and row per slot, at the table's capacity.
+    parts, capacity = table.memory_by_part(), table.weights.shape[0]
+    assert (parts["rows"], parts["optimizer_state"], parts["keys"]) == (
+        capacity * 32, capacity * 4, capacity * 8)
+    assert parts["index"] == table.slot_keys.numel() * 16
     assert table.num_rows == 40          # 20 ids of "a" + 20 of "b"
     assert rank0["requests"] > 0 and layer_stats["rows_imbalance"] == 1.0
 
