@@ -211,6 +211,32 @@ int64_t rk_find_or_insert(int64_t *slot_keys, int64_t *slot_rows, int64_t capaci
     return a.full ? -1 : a.num_rows;
 }
 
+/* Moves every key of an old map, with its row, into a new empty map of
+ * new_capacity slots (a power of two). The old slots are walked in order,
+ * which keeps the writes almost sequential: with Fibonacci hashing a key's
+ * home in a map twice as large is its old home times two, plus one bit, so
+ * the pass streams through both maps. Inserting the keys in any other order
+ * misses the cache once per key (2^27 keys took 20 s that way). Returns the
+ * number of keys moved, or -1 when the new map has no free slot left for one
+ * (then the new map is incomplete). */
+int64_t rk_rehash(const int64_t *old_keys, const int64_t *old_rows, int64_t old_capacity,
+                  int64_t *new_keys, int64_t *new_rows, int64_t new_capacity) {
+    uint64_t mask = (uint64_t)new_capacity - 1;
+    int shift = home_shift(new_capacity);
+    int64_t moved = 0;
+    for (int64_t s = 0; s < old_capacity; s++) {
+        int64_t key = old_keys[s];
+        if (key == EMPTY) continue;
+        if (moved == new_capacity) return -1;
+        uint64_t slot = home_slot(key, shift);
+        while (new_keys[slot] != EMPTY) slot = (slot + 1) & mask;
+        new_keys[slot] = key;
+        new_rows[slot] = old_rows[s];
+        moved++;
+    }
+    return moved;
+}
+
 /* On x86-64 Linux the check below also comes as an AVX2 clone, chosen when
  * the library loads (an ifunc) on CPUs that have AVX2: the baseline build
  * has SSE2 only, two int64 a vector, and the check is bound by instructions,

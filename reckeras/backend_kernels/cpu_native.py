@@ -71,6 +71,7 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
     "rk_table_keys": (_INT, [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _INT]),
     "rk_initial_rows": (None, [_PTR, _I64, _I64, _I64, ctypes.c_double, _PTR, _INT]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
+    "rk_rehash": (_I64, [_PTR, _PTR, _I64, _PTR, _PTR, _I64]),
     "rk_pool_forward": (_INT, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR,
                                _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
@@ -453,6 +454,58 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
                          f"hash_table.capacity_for)")
     return rows, count
 
+
+
+def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
+           capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`hash_table.rehash` in one sequential C pass over the old map.
+
+    Args:
+        slot_keys: int64 `[old capacity]`, the map's keys (not changed).
+        slot_rows: int64 `[old capacity]`, the map's rows (not changed).
+        capacity: the new map's number of slots, a power of two.
+
+    Returns:
+        `(slot_keys, slot_rows)` of the new map: the same key -> row pairs.
+
+    Raises:
+        TypeError: for a tensor that is not int64, or a non-integer
+            `capacity`.
+        ValueError: for a tensor not 1-D, contiguous and on the CPU, maps of
+            different sizes, a capacity that is not a power of two, or a new
+            map too small for the keys.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import cpu_native
+    from reckeras.backend_kernels.hash_table import new_slots
+
+    slot_keys, slot_rows = new_slots(16)
+    if cpu_native.available():
+        cpu_native.find_or_insert(slot_keys, slot_rows, torch.tensor([9, 4]), 0)
+        slot_keys, slot_rows = cpu_native.rehash(slot_keys, slot_rows, 64)
+    ```
+    """
+    kernel = "rehash"
+    _tensor(kernel, "slot_keys", slot_keys, torch.int64, 1)
+    _tensor(kernel, "slot_rows", slot_rows, torch.int64, 1)
+    old_capacity = slot_keys.shape[0]
+    if slot_rows.shape[0] != old_capacity:
+        raise ValueError(f"cpu_native.rehash: slot_keys has {old_capacity} slots and "
+                         f"slot_rows {slot_rows.shape[0]}")
+    capacity = _integer(kernel, "capacity", capacity, 1, 2**62)
+    if capacity & (capacity - 1):
+        raise ValueError(f"cpu_native.rehash: the new map's capacity must be a power of "
+                         f"two, got {capacity} slots")
+    from reckeras.backend_kernels.hash_table import new_slots
+    new_keys, new_rows = new_slots(capacity)
+    moved = library().rk_rehash(_p(slot_keys), _p(slot_rows), old_capacity, _p(new_keys),
+                                _p(new_rows), capacity)
+    if moved < 0:
+        raise ValueError(f"cpu_native.rehash: a map of {capacity} slots cannot hold the "
+                         f"keys of this one (size it with hash_table.capacity_for)")
+    return new_keys, new_rows
 
 def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
                  unique_index: torch.Tensor, destination: torch.Tensor,

@@ -486,16 +486,12 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     bool((find(slot_keys, slot_rows, torch.arange(8)) == rows).all())   # True
     ```
     """
+    if use_native(slot_keys, slot_rows):
+        from reckeras.backend_kernels import cpu_native
+        return cpu_native.rehash(slot_keys, slot_rows, capacity)
     occupied = (slot_keys != EMPTY).nonzero().squeeze(1)
     keys, rows = slot_keys.index_select(0, occupied), slot_rows.index_select(0, occupied)
     new_keys, new_rows = new_slots(capacity, slot_keys.device)
-    if use_native(new_keys, new_rows, keys):
-        # Insert numbering the keys 0..n-1 in order, then put the rows back.
-        from reckeras.backend_kernels import cpu_native
-        cpu_native.find_or_insert(new_keys, new_rows, keys, 0)
-        filled = (new_rows >= 0).nonzero().squeeze(1)
-        new_rows.index_copy_(0, filled, rows.index_select(0, new_rows.index_select(0, filled)))
-        return new_keys, new_rows
     if use_triton(keys):
         slots, _ = _insert_triton(new_keys, keys)
     else:

@@ -213,6 +213,32 @@ def test_find_or_insert(data):
     assert torch.equal(hash_table.find_reference(slot_keys, slot_rows, keys), rows)
 
 
+@FUZZ
+@given(st.data())
+def test_rehash(data):
+    draw = data.draw
+    slot_keys, slot_rows, stored, _ = _hash_map(draw)
+    smallest = hash_table.capacity_for(stored.numel())
+    capacity = draw(st.sampled_from([smallest, 2 * smallest, 8 * slot_keys.numel()]))
+    args = {"slot_keys": slot_keys, "slot_rows": slot_rows, "capacity": capacity}
+    capacity_breaks = count_breaks(minimum=1) + [
+        ("not a power of two", ValueError, 3 * smallest)]
+    distinct = int((slot_keys != hash_table.EMPTY).sum())
+    if distinct > 1:     # the largest power of two below the key count
+        too_small = 1 << (distinct - 1).bit_length() - 1
+        capacity_breaks.append(("too small for the keys", ValueError, too_small))
+    assert_all_refused(cpu_native.rehash, args, {
+        "slot_keys": tensor_breaks(slot_keys) + length_breaks(slot_keys),
+        "slot_rows": tensor_breaks(slot_rows) + length_breaks(slot_rows),
+        "capacity": capacity_breaks}, slot_keys, slot_rows)
+    new_keys, new_rows = cpu_native.rehash(**args)
+    assert new_keys.numel() == capacity
+    assert int((new_keys != hash_table.EMPTY).sum()) == int((slot_keys != hash_table.EMPTY).sum())
+    # The reference finds every key at its row in the new map.
+    assert torch.equal(hash_table.find_reference(new_keys, new_rows, stored),
+                       hash_table.find_reference(slot_keys, slot_rows, stored))
+
+
 @pytest.mark.parametrize("capacity", [0, 12])
 def test_the_capacity_must_be_a_power_of_two(capacity):
     # The C code masks slots with capacity - 1: any other capacity reads past the map.
