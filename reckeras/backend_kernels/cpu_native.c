@@ -183,8 +183,10 @@ static void probe_range(void *context, int64_t start, int64_t end) {
             if (seen == key) { a->rows[i] = a->slot_rows[slot]; break; }
             if (seen == EMPTY) {
                 if (a->insert) {
-                    a->slot_keys[slot] = key;
-                    a->slot_rows[slot] = a->num_rows;
+                    /* Atomic (plain stores on x86-64): a rehash may read the
+                     * map from another thread meanwhile (see rk_rehash). */
+                    __atomic_store_n(&a->slot_keys[slot], key, __ATOMIC_RELAXED);
+                    __atomic_store_n(&a->slot_rows[slot], a->num_rows, __ATOMIC_RELAXED);
                     a->rows[i] = a->num_rows++;
                 } else {
                     a->rows[i] = -1;
@@ -211,27 +213,37 @@ int64_t rk_find_or_insert(int64_t *slot_keys, int64_t *slot_rows, int64_t capaci
     return a.full ? -1 : a.num_rows;
 }
 
-/* Moves every key of an old map, with its row, into a new empty map of
- * new_capacity slots (a power of two). The old slots are walked in order,
- * which keeps the writes almost sequential: with Fibonacci hashing a key's
- * home in a map twice as large is its old home times two, plus one bit, so
- * the pass streams through both maps. Inserting the keys in any other order
- * misses the cache once per key (2^27 keys took 20 s that way). Returns the
- * number of keys moved, or -1 when the new map has no free slot left for one
- * (then the new map is incomplete). */
+/* Moves every key of an old map whose row lies in [0, rows_below), with its
+ * row, into a new empty map of new_capacity slots (a power of two). The old
+ * slots are walked in order, which keeps the writes almost sequential: with
+ * Fibonacci hashing a key's home in a map twice as large is its old home
+ * times two, plus one bit, so the pass streams through both maps. Inserting
+ * the keys in any other order misses the cache once per key (2^27 keys took
+ * 20 s that way).
+ *
+ * The old map may be growing on another thread meanwhile (a table builds its
+ * next index in the background, see table.py): every slot is read with
+ * atomic loads, and rows_below is the row count when the pass began. A key
+ * inserted later may be seen without its row yet (-1) or not at all; the
+ * bound skips it either way, and the caller inserts those keys afterwards.
+ * Returns the number of keys moved, or -1 when the new map has no free slot
+ * left for one (then the new map is incomplete). */
 int64_t rk_rehash(const int64_t *old_keys, const int64_t *old_rows, int64_t old_capacity,
-                  int64_t *new_keys, int64_t *new_rows, int64_t new_capacity) {
+                  int64_t rows_below, int64_t *new_keys, int64_t *new_rows,
+                  int64_t new_capacity) {
     uint64_t mask = (uint64_t)new_capacity - 1;
     int shift = home_shift(new_capacity);
     int64_t moved = 0;
     for (int64_t s = 0; s < old_capacity; s++) {
-        int64_t key = old_keys[s];
+        int64_t key = __atomic_load_n(&old_keys[s], __ATOMIC_RELAXED);
         if (key == EMPTY) continue;
+        int64_t row = __atomic_load_n(&old_rows[s], __ATOMIC_RELAXED);
+        if ((uint64_t)row >= (uint64_t)rows_below) continue;      /* also row < 0 */
         if (moved == new_capacity) return -1;
         uint64_t slot = home_slot(key, shift);
         while (new_keys[slot] != EMPTY) slot = (slot + 1) & mask;
         new_keys[slot] = key;
-        new_rows[slot] = old_rows[s];
+        new_rows[slot] = row;
         moved++;
     }
     return moved;

@@ -71,7 +71,7 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
     "rk_table_keys": (_INT, [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _INT]),
     "rk_initial_rows": (None, [_PTR, _I64, _I64, _I64, ctypes.c_double, _PTR, _INT]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
-    "rk_rehash": (_I64, [_PTR, _PTR, _I64, _PTR, _PTR, _I64]),
+    "rk_rehash": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64]),
     "rk_pool_forward": (_INT, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR,
                                _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
@@ -456,14 +456,18 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
 
 
 
-def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
-           capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
+           rows_below: int = _INT64_MAX) -> tuple[torch.Tensor, torch.Tensor]:
     """`hash_table.rehash` in one sequential C pass over the old map.
+
+    The old map may grow on another thread during the pass (see
+    `hash_table.rehash`'s `rows_below`).
 
     Args:
         slot_keys: int64 `[old capacity]`, the map's keys (not changed).
         slot_rows: int64 `[old capacity]`, the map's rows (not changed).
         capacity: the new map's number of slots, a power of two.
+        rows_below: only the keys whose row lies in `[0, rows_below)` move.
 
     Returns:
         `(slot_keys, slot_rows)` of the new map: the same key -> row pairs.
@@ -495,13 +499,14 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
         raise ValueError(f"cpu_native.rehash: slot_keys has {old_capacity} slots and "
                          f"slot_rows {slot_rows.shape[0]}")
     capacity = _integer(kernel, "capacity", capacity, 1, 2**62)
+    rows_below = _integer(kernel, "rows_below", rows_below)
     if capacity & (capacity - 1):
         raise ValueError(f"cpu_native.rehash: the new map's capacity must be a power of "
                          f"two, got {capacity} slots")
     from reckeras.backend_kernels.hash_table import new_slots
     new_keys, new_rows = new_slots(capacity)
-    moved = library().rk_rehash(_p(slot_keys), _p(slot_rows), old_capacity, _p(new_keys),
-                                _p(new_rows), capacity)
+    moved = library().rk_rehash(_p(slot_keys), _p(slot_rows), old_capacity, rows_below,
+                                _p(new_keys), _p(new_rows), capacity)
     if moved < 0:
         raise ValueError(f"cpu_native.rehash: a map of {capacity} slots cannot hold the "
                          f"keys of this one (size it with hash_table.capacity_for)")

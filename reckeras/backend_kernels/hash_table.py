@@ -463,14 +463,21 @@ def find(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     return find_reference(slot_keys, slot_rows, keys)
 
 
-def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
-           capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
+           rows_below: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A new map of `capacity` holding the same key -> row pairs.
+
+    With `rows_below`, only the keys whose row is below it move: on the CPU
+    the old map may then grow on another thread during the call (its rows
+    numbered from `rows_below` on), and the caller inserts those newer keys
+    afterwards.
 
     Args:
         slot_keys: int64 `[old capacity]`, the map's keys.
         slot_rows: int64 `[old capacity]`, the map's rows.
         capacity: the new capacity, a power of two (see `capacity_for`).
+        rows_below: move the keys of rows `[0, rows_below)` only (None:
+            every key).
 
     Returns:
         `(slot_keys, slot_rows)` of the new map, on the same device.
@@ -488,8 +495,12 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     """
     if use_native(slot_keys, slot_rows):
         from reckeras.backend_kernels import cpu_native
-        return cpu_native.rehash(slot_keys, slot_rows, capacity)
-    occupied = (slot_keys != EMPTY).nonzero().squeeze(1)
+        return cpu_native.rehash(slot_keys, slot_rows, capacity,
+                                 *(() if rows_below is None else (rows_below,)))
+    occupied = slot_keys != EMPTY
+    if rows_below is not None:
+        occupied &= (slot_rows >= 0) & (slot_rows < rows_below)
+    occupied = occupied.nonzero().squeeze(1)
     keys, rows = slot_keys.index_select(0, occupied), slot_rows.index_select(0, occupied)
     new_keys, new_rows = new_slots(capacity, slot_keys.device)
     if use_triton(keys):

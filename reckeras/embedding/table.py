@@ -36,6 +36,7 @@ import contextlib
 import math
 import mmap
 import os
+import threading
 from typing import TYPE_CHECKING, ContextManager
 
 import numpy as np
@@ -53,6 +54,47 @@ if TYPE_CHECKING:
 # space, where growing moves nothing (see `PhysicalTable._extended`); below it
 # doubling copies cost little.
 RESERVE_FROM_ROWS = 2**20
+
+
+# A CPU index of at least this many slots is rebuilt in the background
+# (`PhysicalTable._reserve`), starting when its keys reach this share of its
+# load limit: the build then has the next 2/3 of that limit's rows' steps to
+# finish in.
+BUILD_AHEAD_FROM_SLOTS = 2**22
+BUILD_AHEAD_AT = 0.6
+
+
+class _IndexBuild:
+    """The next, twice as large index of a table, built on a thread.
+
+    It takes the keys of rows `[0, rows)` (those that exist when it starts;
+    the table keeps growing its current index meanwhile, see
+    `hash_table.rehash`'s `rows_below`). The native pass and the fill of
+    the fresh arrays run outside the GIL.
+    """
+
+    def __init__(self, slot_keys, slot_rows, capacity, rows, table_name):
+        self.rows = rows
+        self._outcome = {}
+        self._thread = threading.Thread(
+            target=self._build, args=(slot_keys, slot_rows, capacity),
+            name=f"reckeras-index-{table_name}", daemon=True)
+        self._thread.start()
+
+    def _build(self, slot_keys, slot_rows, capacity):
+        try:
+            self._outcome["index"] = hash_table.rehash(slot_keys, slot_rows, capacity,
+                                                       rows_below=self.rows)
+        except (RuntimeError, MemoryError):
+            # Out of memory: the table rehashes in the step instead, where
+            # the same failure raises and names the table.
+            pass
+
+    def result(self):
+        """The new `(slot_keys, slot_rows)`, once built, or None when the
+        build failed (the table then rehashes in the step)."""
+        self._thread.join()
+        return self._outcome.get("index")
 
 
 def physical_host_bytes() -> int:
@@ -359,6 +401,7 @@ class PhysicalTable(RowStore):
         self.deleted = []           # tombstones: (int64 keys on the CPU, generation)
         self._reservations = {}     # array name -> the reserved memory it views
         self._rows_written = 0      # the most rows ever held (reserved pages touched)
+        self._next_index = None     # an _IndexBuild under way
 
     # ---- the row store -----------------------------------------------------------
 
@@ -480,11 +523,46 @@ class PhysicalTable(RowStore):
         self.needs_tags = True
 
     def _reserve(self, extra_keys):
+        """Sizes the index for `extra_keys` more keys.
+
+        A large CPU index is rebuilt at twice its size in the background
+        once it is `BUILD_AHEAD_AT` of the way to its load limit, while
+        steps go on; when the limit comes the new index only takes the keys
+        created since the build began. Rebuilt in the step instead, a
+        10^8-row table's index (4 GB) stalled it for 14 s, most of it
+        faulting in the new index's fresh pages.
+        """
         needed = self.num_rows + extra_keys
-        if needed > self.slot_keys.numel() * hash_table.MAX_LOAD:
-            self.slot_keys, self.slot_rows = hash_table.rehash(
-                self.slot_keys, self.slot_rows, hash_table.capacity_for(needed))
-            release_free_memory()
+        capacity = self.slot_keys.numel()
+        limit = capacity * hash_table.MAX_LOAD
+        if needed > limit:
+            self._install_index(hash_table.capacity_for(needed))
+        elif self._next_index is None and self.num_rows > limit * BUILD_AHEAD_AT and \
+                capacity >= BUILD_AHEAD_FROM_SLOTS and self.device.type == "cpu":
+            self._next_index = _IndexBuild(self.slot_keys, self.slot_rows, 2 * capacity,
+                                           self.num_rows, self.name)
+
+    def _install_index(self, capacity):
+        """Replaces the index by one of at least `capacity` slots: the
+        background build when it is large enough, else a rehash now."""
+        build, self._next_index = self._next_index, None
+        built = build.result() if build is not None else None
+        if built is not None and built[0].numel() >= capacity:
+            slot_keys, slot_rows = built
+            # The keys created since the build began, with their rows: all
+            # absent from it and distinct, so numbering them from its row
+            # count in row order gives each its own row again.
+            _, count = hash_table.find_or_insert(
+                slot_keys, slot_rows, self.keys[build.rows:self.num_rows], build.rows)
+            if count != self.num_rows:
+                raise RuntimeError(f"embedding table {self.name}: the index built in the "
+                                   f"background holds {count} rows, the table "
+                                   f"{self.num_rows}")
+        else:
+            slot_keys, slot_rows = hash_table.rehash(self.slot_keys, self.slot_rows,
+                                                     capacity)
+        self.slot_keys, self.slot_rows = slot_keys, slot_rows
+        release_free_memory()
 
     def _rows_storage(self, rows, width, fill):
         """A `[rows, width]` float32 array filled with `fill` (left
@@ -754,6 +832,9 @@ class PhysicalTable(RowStore):
 
     def _replace(self, keys, weights, state, tags, written):
         """Rebuilds the index and the arrays from these rows."""
+        if self._next_index is not None:      # built from rows about to be renumbered
+            self._next_index.result()
+            self._next_index = None
         self.slot_keys, self.slot_rows = hash_table.new_slots(
             hash_table.capacity_for(keys.numel()), self.device)
         self.num_rows = 0

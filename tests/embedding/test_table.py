@@ -121,3 +121,47 @@ def test_a_load_into_a_reserved_table_then_growth(monkeypatch):
     assert bool((table.find(torch.arange(1000, 1200)) == -1).all())
     torch.testing.assert_close(table.weights[table.find(torch.arange(700))],
                                initial_rows(torch.arange(700), 2, 0.05, 1))
+
+
+def test_the_index_is_built_ahead_in_the_background(monkeypatch):
+    from reckeras.embedding import table as table_module
+    monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
+    builds = []
+    original = table_module._IndexBuild
+
+    def counted(*args):
+        builds.append(original(*args))
+        return builds[-1]
+
+    monkeypatch.setattr(table_module, "_IndexBuild", counted)
+    table = PhysicalTable(dim=2, seed=5)
+    keys = torch.randperm(200_000) * 104729 - 2**40
+    rows = torch.cat([table.find_or_insert(chunk) for chunk in keys.split(997)])
+    # The doublings past 4096 slots (where a chunk of 997 keys no longer
+    # crosses both 60% of the limit and the limit) came from builds begun
+    # chunks before: 2^13 .. 2^19.
+    assert len(builds) >= 7 and all(b.rows > 0 for b in builds)
+    assert table.slot_keys.numel() == 2**19
+    assert torch.equal(rows, torch.arange(200_000))
+    assert torch.equal(table.find(keys), rows)
+    assert torch.equal(table.keys[:200_000], keys)
+
+
+def test_a_load_during_a_background_build_wins(monkeypatch):
+    from reckeras.embedding import table as table_module
+    monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
+    table = PhysicalTable(dim=2, seed=5)
+    table.find_or_insert(torch.arange(50))              # 128 slots
+    table.find_or_insert(torch.arange(50, 60))          # 50 rows: past 60% of its 64
+    assert table._next_index is not None
+    source = PhysicalTable(dim=2, seed=5)
+    source.find_or_insert(torch.arange(1000, 1030))
+    building = table._next_index
+    table.load(source.export())
+    # The build of the old rows is dropped.
+    assert building is not None and table._next_index is None
+    table.find_or_insert(torch.arange(2000, 2100))
+    assert bool((table.find(torch.arange(60)) == -1).all())
+    assert torch.equal(table.keys[table.find(torch.arange(1000, 1030))],
+                       torch.arange(1000, 1030))
+    assert torch.equal(table.find(torch.arange(2000, 2100)), torch.arange(30, 130))
