@@ -323,7 +323,7 @@ class TransformPlan:
     def _single_valued(self, inputs):
         blocks = []
         if self.ids:
-            blocks.append(torch.stack([inputs[s.name] for s in self.ids]).long())
+            blocks.append(_stacked([inputs[s.name] for s in self.ids]).long())
         if self.bucketized:
             values = torch.stack([inputs[s.name] for s in self.bucketized]).float()
             blocks.append(transforms.bucketize(values,
@@ -353,6 +353,23 @@ class TransformPlan:
         return transforms.pack_sequences(flat.long(), lengths, widths,
                                          planned["sequence_buckets"], batch, weights)
 
+
+
+def _stacked(tensors):
+    """`torch.stack(tensors)`, without its copy when they already lie one
+    after another in memory, as `encode.as_tensors` hands over the columns
+    `encode` takes block-wise (at 1000 fields the copy was 6 ms a batch)."""
+    first = tensors[0]
+    shape, dtype, size = first.shape, first.dtype, first.numel()
+    step, start = size * first.element_size(), first.data_ptr()
+    if first.dim() == 1 and size and first.stride() == (1,) and \
+            first.untyped_storage().nbytes() >= \
+            (first.storage_offset() + len(tensors) * size) * first.element_size() and \
+            all(t.data_ptr() == start + i * step and t.dtype == dtype and t.shape == shape
+                and t.stride() == (1,) for i, t in enumerate(tensors)):
+        # The memory is the first tensor's storage's: a view reads the same values.
+        return first.as_strided((len(tensors), size), (size, 1))
+    return torch.stack(tensors)
 
 def _columns(values, spec, batch):
     """The `[batch, size]` dense columns of a numeric feature."""

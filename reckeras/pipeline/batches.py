@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from reckeras.features.encode import FeatureInputError, as_table
+from reckeras.features.encode import FeatureInputError, as_table, as_tensors
 
 LABEL_COLUMN = "__label__"
 WEIGHT_COLUMN = "__sample_weight__"
@@ -255,8 +255,7 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
     Returns:
         `(dict of input tensors, labels or None, weights or None)`.
     """
-    inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
-              for name, value in columns.encode(batch).items()}
+    inputs = as_tensors(columns.encode(batch))
     if isinstance(targets.label, dict):
         labels = {output: _labels(batch, column, column in targets.binary)
                   for output, column in targets.label.items()}

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.packing import PackingPlan
-from reckeras.features.encode import encode, raw_columns
+from reckeras.features.encode import as_tensors, encode, raw_columns
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import FeatureSpec, deserialize
 from reckeras.serving import artifact
@@ -119,8 +119,7 @@ class Predictor:
         predictor.predict(test.slice(0, 256))     # [256, 1]
         ```
         """
-        inputs = {name: torch.from_numpy(np.require(value, requirements="W"))
-                  for name, value in encode(self.specs, batch).items()}
+        inputs = as_tensors(encode(self.specs, batch))
         with torch.inference_mode():
             if self.plan.numeric:
                 dense = self.plan.dense(inputs, self._mean, self._std)

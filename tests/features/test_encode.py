@@ -3,6 +3,7 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -269,3 +270,27 @@ def test_missing_weights_column_names_it():
     with pytest.raises(FeatureInputError,
                        match="feature 'tags': the batch has no column 'tag_weights'"):
         encode([WEIGHTED], {"tags": pa.array([[4]])})
+
+
+def test_as_tensors_views_one_block_and_the_plan_takes_it_whole():
+    from reckeras.features.encode import as_tensors
+    from reckeras.features.plan import _stacked
+    specs = [rk.features.Categorical(f"c{i}", dim=4) for i in range(5)] + \
+        [rk.features.Numeric("x")]
+    table = pa.table({**{f"c{i}": np.arange(3) * 10 + i for i in range(5)},
+                      "x": np.array([1.0, 2.0, 3.0], np.float32)})
+    arrays = encode(specs, table)
+    tensors = as_tensors(arrays)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(tensors[name].numpy(), array)
+    ids = [tensors[f"c{i}"] for i in range(5)]
+    assert all(np.shares_memory(t.numpy(), arrays[f"c{i}"]) for i, t in enumerate(ids))
+    stacked = _stacked(ids)
+    assert stacked.data_ptr() == ids[0].data_ptr()          # no copy
+    assert torch.equal(stacked, torch.stack(ids))
+    # Out of their order, or from different blocks: a copy, the same values.
+    shuffled = [ids[1], ids[0], *ids[2:]]
+    assert torch.equal(_stacked(shuffled), torch.stack(shuffled))
+    assert _stacked(shuffled).data_ptr() != ids[1].data_ptr()
+    apart = [torch.arange(3), torch.arange(3)]
+    assert torch.equal(_stacked(apart), torch.stack(apart))
