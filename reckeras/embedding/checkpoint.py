@@ -10,10 +10,12 @@ Layout of a checkpoint directory::
     dense.safetensors                  dense weights and the Keras optimizer's state (rank 0)
     tables-00001-of-00004.safetensors  the rows rank 1 of 4 owns: for every
                                        embedding layer L and physical table T,
-                                       L{L}.T{T}.keys / .weights / .state, .tags
-                                       (each row's logical table, where the
-                                       physical table packs several) and, in a
-                                       delta, .deleted (keys freed since the base)
+                                       L{L}.T{T}.keys / .weights / .state,
+                                       .seen_steps (the training steps each row
+                                       was seen in), .tags (each row's logical
+                                       table, where the physical table packs
+                                       several) and, in a delta, .deleted (keys
+                                       freed since the base)
 
 A *full* checkpoint holds every row. A *delta* (`save_checkpoint(...,
 base=...)`) holds the dense weights whole and only the rows written since
@@ -95,10 +97,11 @@ from reckeras import distributed
 from reckeras.embedding.packing import table_salt
 from reckeras.embedding.sharding import owner_of
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Version 1 (no sizes, no checksums) and 2 (no ids, table names or tags)
-# still load, with every check but those, into the model they were saved from.
-_READABLE_VERSIONS = (1, 2, 3)
+# still load, with every check but those, into the model they were saved from;
+# version 3 (no row counts) loads with every row's count at 0.
+_READABLE_VERSIONS = (1, 2, 3, 4)
 INDEX = "index.json"
 DENSE = "dense.safetensors"
 # Bytes read per step when a file is streamed: what a rank holds beyond its
@@ -108,6 +111,9 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 _NUMPY = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
+# The per-row arrays of a table file that loading streams into place (keys,
+# tags and deleted keys are read whole when a file is scanned).
+_STREAMED = ("weights", "state", "seen_steps")
 
 
 class CheckpointError(ValueError):
@@ -929,7 +935,7 @@ def _match_dense(model, tensors, link, report, skip_mismatch):
 def _read_tables(model, chain, routes, world):
     """This rank's rows of every table of the model, from every file of
     every link that can hold some: per embedding layer, one
-    `{"keys", "weights", "state"[, "tags"]}` dict per physical table.
+    `{"keys", "weights", "state", "seen_steps"[, "tags"]}` dict per physical table.
 
     Three steps: open each file (size, header, tensor names and shapes) and
     read its keys, tags and deleted keys to find the rows this rank loads
@@ -985,13 +991,16 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
         for t, entry in enumerate(layer):
             route = routes[l][t]
             prefix = f"L{l}.T{t}."
-            arrays = ["keys", "weights", "state"] + ["tags"] * bool(entry.get("tags")) \
-                + ["deleted"] * delta
+            counted = index["format_version"] >= 4
+            arrays = ["keys", "weights", "state"] + ["seen_steps"] * counted \
+                + ["tags"] * bool(entry.get("tags")) + ["deleted"] * delta
             expected.update(prefix + a for a in arrays)
             source.expect(prefix + "keys", "I64", (None,))
             n = source.tensors[prefix + "keys"][1][0]
             source.expect(prefix + "weights", "F32", (n, entry["dim"]))
             source.expect(prefix + "state", "F32", (n, route.width))
+            if counted:
+                source.expect(prefix + "seen_steps", "I32", (n,))
             if entry.get("tags"):
                 source.expect(prefix + "tags", "I32", (n,))
             if delta:
@@ -1058,9 +1067,11 @@ def _allocate(model, routes, found, num_links):
                      for part in found.get((i, l, t), [])]
             width = sources[0][1].width if sources else store.state.shape[1]
             keys = np.concatenate([k for _, k, _ in parts] + [np.empty(0, np.int64)])
+            # Counts stay 0 for rows of a link saved before rows were counted.
             arrays = {"keys": keys,
                       "weights": np.empty((keys.size, store.dim), np.float32),
-                      "state": np.empty((keys.size, width), np.float32)}
+                      "state": np.empty((keys.size, width), np.float32),
+                      "seen_steps": np.zeros(keys.size, np.int32)}
             if store.index.tags is not None:
                 arrays["tags"] = np.concatenate([g for _, _, g in parts]
                                                 + [np.empty(0, np.int32)])
@@ -1070,13 +1081,13 @@ def _allocate(model, routes, found, num_links):
 
 def _stream(source, file, routes, chosen, tables, filled, buffer):
     """Reads one table file whole in chunks, checking its CRC-32 and copying
-    the chosen rows' weights and state into `tables`; returns the (maybe
-    grown) read buffer."""
+    the chosen rows' per-row arrays (`_STREAMED`) into `tables`; returns the
+    (maybe grown) read buffer."""
     crc = zlib.crc32(source.header)
     for tensor, (dtype, shape, begin, end) in source.tensors.items():
         l, t, array = _parse_name(tensor)
         target = routes[l][t].target
-        copied = array in ("weights", "state") and target is not None
+        copied = array in _STREAMED and target is not None and array in tables[l][target]
         mask = chosen[(*file, l, t)] if copied else None
         out = tables[l][target][array] if copied else None
         width = math.prod(shape[1:])
@@ -1103,8 +1114,22 @@ def _stream(source, file, routes, chosen, tables, filled, buffer):
             position += kept
         if copied:
             filled[l, target, array] = position
+    _skip_absent(source, file, routes, chosen, tables, filled)
     source.verify(crc)
     return buffer
+
+
+def _skip_absent(source, file, routes, chosen, tables, filled):
+    """Moves past this file's rows in the arrays it does not hold (a link of
+    an older format): they keep the values `_allocate` gave them."""
+    for l, t in {_parse_name(tensor)[:2] for tensor in source.tensors}:
+        target = routes[l][t].target
+        if target is None:
+            continue
+        rows = int(chosen[(*file, l, t)].sum())
+        for array in _STREAMED:
+            if array in tables[l][target] and f"L{l}.T{t}.{array}" not in source.tensors:
+                filled[l, target, array] = filled.get((l, target, array), 0) + rows
 
 
 def _parse_name(tensor):

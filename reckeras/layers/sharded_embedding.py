@@ -173,11 +173,12 @@ class ShardedEmbedding(keras.layers.Layer):
     # ---- saving ----------------------------------------------------------------
 
     def export_tables(self) -> list:
-        """A copy of this rank's tables: keys, rows and optimizer state.
+        """A copy of this rank's tables: keys, rows, optimizer state and
+        each row's count of training steps.
 
         Returns:
-            One `{"keys", "weights", "state"}` dict of numpy arrays per
-            physical table (`EmbeddingEngine.export_tables`).
+            One `{"keys", "weights", "state", "seen_steps"}` dict of numpy
+            arrays per physical table (`EmbeddingEngine.export_tables`).
         """
         return self.engine.export_tables()
 
@@ -206,11 +207,12 @@ class ShardedEmbedding(keras.layers.Layer):
             store: what `save_own_variables` wrote.
         """
         # Each row's logical table ("tags") is saved since checkpoint format
-        # 3; a store written before has none, and its rows' tables are unknown.
+        # 3, its count of steps ("seen_steps") since format 4; a store written
+        # before has none: the rows' tables are unknown, their counts 0.
         self.load_tables([
             {key: np.asarray(store[f"table{index}_{key}"])
-             for key in ("keys", "weights", "state", "tags")
-             if key != "tags" or f"table{index}_tags" in store}
+             for key in ("keys", "weights", "state", "tags", "seen_steps")
+             if key in ("keys", "weights", "state") or f"table{index}_{key}" in store}
             for index in range(len(self.engine.tables))])
 
     def get_config(self) -> dict:

@@ -166,7 +166,8 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                 and _keras_compat.called_once_on_outputs_of(layer, columns)]
         return self._fed_layers
 
-    def export_serving(self, path: str | os.PathLike, rows: str = "float32") -> str:
+    def export_serving(self, path: str | os.PathLike, rows: str = "float32",
+                       min_count: int | None = None) -> str:
         """Writes the model's serving artifact, which `rk.serving.load` reads
         without Keras.
 
@@ -181,24 +182,29 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             path: the artifact directory (replaced if it exists).
             rows: `"float32"`, `"float16"` or `"int8"` (row-wise quantized:
                 a scale and bias per row).
+            min_count: export only the rows seen in at least this many
+                training steps (the others read zeros at serving, as ids
+                never seen do); None exports every row. The manifest
+                records it and the rows kept per table.
 
         Returns:
             The artifact's path.
 
         Raises:
-            ValueError: an unknown `rows`, or an embedding layer that does
-                not read the FeatureColumns' output.
+            ValueError: an unknown `rows`, a `min_count` that is not an int
+                >= 1 or None, or an embedding layer that does not read the
+                FeatureColumns' output.
 
         Example:
 
         ```python
-        model.export_serving("exported/ctr", rows="int8")
+        model.export_serving("exported/ctr", rows="int8", min_count=2)
         predictor = rk.serving.load("exported/ctr")
         ```
         """
         from reckeras.serving.export import export_serving
 
-        return export_serving(self, self._layers_fed_by_columns(), path, rows)
+        return export_serving(self, self._layers_fed_by_columns(), path, rows, min_count)
 
     # ---- compile -----------------------------------------------------------------
 

@@ -2,12 +2,17 @@
 
 An artifact is a directory:
 
-    manifest.json                     format, versions, features, layers, files
+    manifest.json                     format, versions, features, layers (with
+                                      each table's rows exported, `num_rows`),
+                                      `min_count`, files
     dense.pt2                         the dense network (`torch.export`)
     tables/L{l}.T{t}.r{rank}.safetensors
                                       keys and rows of physical table t of
                                       embedding layer l, as rank `rank` of
                                       the exporting job held them
+
+With `min_count=k` only the rows seen in at least `k` training steps are
+written; the others read zeros at serving, as ids never seen do.
 
 The manifest names every file with its size and CRC-32, so a truncated or
 altered file is found when the artifact loads. Rows are stored as float32,

@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import pyarrow as pa
 import torch
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import reckeras
@@ -26,7 +27,7 @@ from reckeras.serving import artifact
 
 
 def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
-                   rows: str = "float32") -> str:
+                   rows: str = "float32", min_count: int | None = None) -> str:
     """Writes the serving artifact of a trained model (every rank calls it).
 
     Args:
@@ -35,24 +36,34 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
             packed batch (`rk.Model` passes them).
         path: the artifact directory (replaced if it exists).
         rows: row precision, one of `artifact.ROW_PRECISIONS`.
+        min_count: export only the rows seen in at least this many training
+            steps (`PhysicalTable.seen_steps`; each rank filters its own);
+            the others read zeros at serving, as unseen ids do. None: every
+            row.
 
     Returns:
         The artifact's path.
 
     Raises:
-        ValueError: an unknown precision, or an embedding layer that does
-            not read the FeatureColumns' output.
+        ValueError: an unknown precision, a `min_count` that is not an int
+            >= 1 or None, or an embedding layer that does not read the
+            FeatureColumns' output.
         NotImplementedError: a dense network `torch.export` cannot trace
             (a layer whose control flow depends on the data).
 
     Example:
 
     ```python
-    export_serving(model, model.embedding_layers, "exported/ctr", rows="int8")
+    export_serving(model, model.embedding_layers, "exported/ctr", rows="int8",
+                   min_count=2)
     ```
     """
     if rows not in artifact.ROW_PRECISIONS:
         raise ValueError(f"rows must be one of {artifact.ROW_PRECISIONS}, got {rows!r}")
+    if min_count is not None and (isinstance(min_count, bool) or not isinstance(
+            min_count, (int, np.integer)) or min_count < 1):
+        raise ValueError(f"export_serving: min_count must be an int >= 1 (the training "
+                         f"steps a row was seen in) or None, got {min_count!r}")
     fed = set(map(id, embedding_layers))
     stray = [layer.name for layer in model.embedding_layers if id(layer) not in fed]
     if stray:
@@ -68,14 +79,15 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
     distributed.barrier("the serving export's directory is made")
     for index, layer in enumerate(embedding_layers):
         for table, arrays in enumerate(layer.export_tables()):
-            stored = artifact.encode_rows(arrays["weights"], rows)
-            save_file({"keys": arrays["keys"], **stored},
+            kept = slice(None) if min_count is None else arrays["seen_steps"] >= min_count
+            stored = artifact.encode_rows(arrays["weights"][kept], rows)
+            save_file({"keys": arrays["keys"][kept], **stored},
                       os.path.join(staging, artifact.table_file(index, table, world.rank)))
     if world.rank == 0:
         _export_program(model, embedding_layers, os.path.join(staging, artifact.PROGRAM))
     distributed.barrier("every rank's rows and the program are written")
     if world.rank == 0:
-        _write_manifest(model, embedding_layers, staging, rows, world.size)
+        _write_manifest(model, embedding_layers, staging, rows, min_count, world.size)
         _replace(staging, path)
     distributed.barrier("the serving artifact is in place")
     return path
@@ -176,7 +188,7 @@ def example_batch(specs: list, rows: int = 5) -> dict[str, Any]:
     return batch
 
 
-def _write_manifest(model, embedding_layers, root, rows, world_size):
+def _write_manifest(model, embedding_layers, root, rows, min_count, world_size):
     columns = model.feature_columns
     outputs = _keras_compat.functional_outputs(model)
     files = {artifact.PROGRAM: artifact.file_entry(root, artifact.PROGRAM)}
@@ -186,19 +198,27 @@ def _write_manifest(model, embedding_layers, root, rows, world_size):
         for table, store in enumerate(layer.tables):
             names = [artifact.table_file(index, table, rank) for rank in range(world_size)]
             files.update((name, artifact.file_entry(root, name)) for name in names)
-            tables.append({"dim": store.dim, "files": names})
+            tables.append({"dim": store.dim, "files": names,
+                           "num_rows": sum(_rows_in(root, name) for name in names)})
         layers.append({"name": layer.name, "output": layer.output_mode,
                        "features": [serialize(s) for s in layer.specs], "tables": tables})
     artifact.write_manifest(root, {
         "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION,
         "versions": {"reckeras": reckeras.__version__, "torch": torch.__version__},
-        "rows": rows, "world_size": world_size,
+        "rows": rows, "min_count": None if min_count is None else int(min_count),
+        "world_size": world_size,
         "features": [serialize(s) for s in columns.specs],
         "statistics": {"mean": columns.mean.numpy().tolist(),
                        "std": columns.std.numpy().tolist()},
         "inputs": list(_keras_compat.functional_inputs(model)),
         "outputs": sorted(outputs) if isinstance(outputs, dict) else None,
         "embedding_layers": layers, "files": files})
+
+
+def _rows_in(root, name):
+    """Rows of one table file, from its header (the file was written by any rank)."""
+    with safe_open(os.path.join(root, name), framework="numpy") as stored:
+        return stored.get_slice("keys").get_shape()[0]
 
 
 def _replace(staging, path):

@@ -98,7 +98,7 @@ def test_an_intact_checkpoint_restores_the_state_of_the_save(trained, ckpt):
     fresh.load_checkpoint(ckpt)
     assert same(at_save, state(fresh))
     index = json.load(open(os.path.join(ckpt, "index.json")))
-    assert index["format_version"] == 3
+    assert index["format_version"] == 4
     for name, entry in index["files"].items():
         assert entry["bytes"] == os.path.getsize(os.path.join(ckpt, name))
 
@@ -145,15 +145,15 @@ def test_an_index_of_another_format_is_refused(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
     index = json.load(open(path))
     del index["index_crc32"]                 # a format this reckeras does not know
-    json.dump({**index, "format_version": 4}, open(path, "w"))
-    assert_fails_naming(trained[0], ckpt, path, "format_version 4")
+    json.dump({**index, "format_version": 5}, open(path, "w"))
+    assert_fails_naming(trained[0], ckpt, path, "format_version 5")
 
 
 def test_a_flipped_format_version_is_damage(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
     text = open(path).read()
-    assert '"format_version": 3' in text
-    open(path, "w").write(text.replace('"format_version": 3', '"format_version": 2'))
+    assert '"format_version": 4' in text
+    open(path, "w").write(text.replace('"format_version": 4', '"format_version": 3'))
     assert_fails_naming(trained[0], ckpt, path, "damaged")
 
 
@@ -172,9 +172,15 @@ def test_a_model_with_other_tables_is_refused(trained, ckpt):
 
 
 def version_1(ckpt):
-    """Rewrites the index as format 1 wrote it (no sizes, no checksums)."""
+    """Rewrites the index as format 1 wrote it (no sizes, no checksums),
+    and the table files without per-row counts."""
+    from safetensors.numpy import load_file, save_file
     path = os.path.join(ckpt, "index.json")
     index = json.load(open(path))
+    for name in index["table_files"]:
+        filename = os.path.join(ckpt, name)
+        save_file({k: v for k, v in load_file(filename).items()
+                   if not k.endswith(".seen_steps")}, filename)
     for field in ("files", "index_crc32"):
         del index[field]
     json.dump({**index, "format_version": 1}, open(path, "w"))
@@ -193,13 +199,14 @@ def test_a_version_1_checkpoint_loads_with_its_structure_checked(trained, ckpt):
 
 def version_2(ckpt):
     """Rewrites the checkpoint as format 2 wrote it: no kind, id, table
-    names, dense paths or per-row tags."""
+    names, dense paths, per-row tags or counts."""
     from safetensors.numpy import load_file, save_file
     path = os.path.join(ckpt, "index.json")
     index = json.load(open(path))
     for name in index["table_files"]:
         filename = os.path.join(ckpt, name)
-        arrays = {k: v for k, v in load_file(filename).items() if not k.endswith(".tags")}
+        arrays = {k: v for k, v in load_file(filename).items()
+                  if not k.endswith((".tags", ".seen_steps"))}
         save_file(arrays, filename)
         data = open(filename, "rb").read()
         index["files"][name] = {"bytes": len(data), "crc32": zlib.crc32(data)}

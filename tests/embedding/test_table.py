@@ -102,8 +102,9 @@ def test_a_large_table_grows_in_place(monkeypatch):
     # Bytes by part count the rows written, not the reservation.
     parts = table.memory_by_part()
     assert parts["rows"] == 5000 * 16 and parts["optimizer_state"] == 5000 * 4
-    # written_at has one entry more: the one row -1 (no row) writes into.
-    assert parts["keys"] == 5000 * 8 and parts["tracking"] == 5001 * 4
+    # written_at and seen_steps have one entry more: the one row -1 (no
+    # row) writes into.
+    assert parts["keys"] == 5000 * 8 and parts["tracking"] == 5001 * 4 * 2
     assert parts["index"] == table.slot_keys.numel() * 16
     assert table.stats()["bytes"] == sum(parts.values())
 

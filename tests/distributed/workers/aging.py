@@ -12,10 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-import common  # noqa: F401  (sits beside this file; selects the backend first)
+import common  # sits beside this file; selects the backend first
 
 import numpy as np
-import torch.distributed as dist
 
 from reckeras import distributed
 
@@ -30,17 +29,8 @@ def gathered(model):
     """{key: (row, state)} over all ranks."""
     layer, = model.embedding_layers
     table = layer.export_tables()[0]
-    local = {int(k): (w.tolist(), s.tolist())
-             for k, w, s in zip(table["keys"], table["weights"], table["state"])}
-    parts = [local]
-    if world.size > 1:
-        parts = [None] * world.size
-        dist.all_gather_object(parts, local)
-    merged = {}
-    for part in parts:
-        assert not merged.keys() & part.keys(), "a key is held by two ranks"
-        merged.update(part)
-    return merged
+    return common.merged_over_ranks({int(k): (w.tolist(), s.tolist()) for k, w, s in zip(
+        table["keys"], table["weights"], table["state"])})
 
 
 results = {}

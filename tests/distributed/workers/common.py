@@ -52,21 +52,36 @@ def model():
     return m
 
 
+def _every_ranks(local):
+    """`local` of every rank, in rank order (collective)."""
+    if distributed.world().size == 1:
+        return [local]
+    parts = [None] * distributed.world().size
+    dist.all_gather_object(parts, local)
+    return parts
+
+
 def gathered_tables(m):
     """{dim: {key: (row, state)}} over all ranks (every rank gets it)."""
     local = {table.dim: table.export() for layer in m.embedding_layers
              for table in layer.tables}
-    parts = [local]
-    if distributed.world().size > 1:
-        parts = [None] * distributed.world().size
-        dist.all_gather_object(parts, local)
     merged = {}
-    for part in parts:
+    for part in _every_ranks(local):
         for dim, arrays in part.items():
             target = merged.setdefault(dim, {})
             for key, row, state in zip(arrays["keys"], arrays["weights"], arrays["state"]):
                 assert key not in target, "a key is owned by two ranks"
                 target[int(key)] = (row, state)
+    return merged
+
+
+def merged_over_ranks(local):
+    """Every rank's `{key: value}` dict merged (collective; each key must be
+    held by one rank only)."""
+    merged = {}
+    for part in _every_ranks(local):
+        assert not merged.keys() & part.keys(), "a key is held by two ranks"
+        merged.update(part)
     return merged
 
 
