@@ -129,4 +129,5 @@ def test_a_2_rank_save_loads_on_4_ranks_each_holding_exactly_its_rows(tmp_path):
     torchrun("checkpoint_memory.py", 2, "save", ckpt, 5000)
     torchrun("checkpoint_memory.py", 4, "load", ckpt, 5000, tmp_path / "rank")
     shares = [json.loads((tmp_path / f"rank{r}.json").read_text())["share"] for r in range(4)]
-    assert sum(shares) == 5000 * (8 + 2 * 64 * 4)       # every key once, on its owner
+    # Every key once, on its owner: key, row, state and count of steps.
+    assert sum(shares) == 5000 * (8 + 2 * 64 * 4 + 4)
