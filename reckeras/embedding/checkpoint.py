@@ -4,7 +4,9 @@ ranks to M, and loadable into a changed model (warm start).
 Layout of a checkpoint directory::
 
     index.json                         kind (full or delta), id, base (a delta's),
-                                       world size, tables, dense variable paths,
+                                       world size, tables, windows (each
+                                       table's window count, where it ages
+                                       out by windows), dense variable paths,
                                        every file's size and CRC-32, format
                                        version, the index's own CRC-32
     dense.safetensors                  dense weights and the Keras optimizer's state (rank 0)
@@ -12,7 +14,9 @@ Layout of a checkpoint directory::
                                        embedding layer L and physical table T,
                                        L{L}.T{T}.keys / .weights / .state,
                                        .seen_steps (the training steps each row
-                                       was seen in), .tags (each row's logical
+                                       was seen in), .last_window (the window
+                                       it was last trained in, where its table
+                                       ages out by windows), .tags (each row's logical
                                        table, where the physical table packs
                                        several) and, in a delta, .deleted (keys
                                        freed since the base)
@@ -94,13 +98,15 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from reckeras import distributed
+from reckeras.embedding.lifecycle import RowLifecycle
 from reckeras.embedding.packing import table_salt
 from reckeras.embedding.sharding import owner_of
 
 FORMAT_VERSION = 4
 # Version 1 (no sizes, no checksums) and 2 (no ids, table names or tags)
 # still load, with every check but those, into the model they were saved from;
-# version 3 (no row counts) loads with every row's count at 0.
+# version 3 (no row counts, no windows) loads with every row's count at 0 and
+# its rows counted as trained in the model's current window.
 _READABLE_VERSIONS = (1, 2, 3, 4)
 INDEX = "index.json"
 DENSE = "dense.safetensors"
@@ -113,7 +119,7 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
 _NUMPY = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
 # The per-row arrays of a table file that loading streams into place (keys,
 # tags and deleted keys are read whole when a file is scanned).
-_STREAMED = ("weights", "state", "seen_steps")
+_STREAMED = ("weights", "state", "seen_steps", "last_window")
 
 
 class CheckpointError(ValueError):
@@ -309,6 +315,8 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
     for l, layer in enumerate(model.embedding_layers):
         for t, store in enumerate(layer.engine.tables):
             arrays = store.export() if since is None else store.export_changes(since)
+            if _ages_by_windows(store):
+                arrays["last_window"] = store.last_windows(arrays["keys"])
             for name, array in arrays.items():
                 tables[f"L{l}.T{t}.{name}"] = torch.from_numpy(np.ascontiguousarray(array))
     # Exported: rows written from here on belong to the next checkpoint.
@@ -337,6 +345,8 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
                              for store, names in zip(layer.engine.tables,
                                                      layer.engine.packing.group_tables)]
                             for layer in model.embedding_layers],
+                 "windows": [[_window(store) for store in layer.engine.tables]
+                             for layer in model.embedding_layers],
                  "dense_paths": [v.path for v in model.variables],
                  "files": dict(checked)}
         if link is not None:
@@ -364,6 +374,16 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
         for index in _indexes(model):
             index.forget_deleted(generation)
     history.bases[identity] = generation
+
+
+def _ages_by_windows(store):
+    return isinstance(store, RowLifecycle) and store.ages_by_windows
+
+
+def _window(store):
+    """The window count of a table that ages out by windows (its rows'
+    `last_window` count from it), else None."""
+    return store.window if _ages_by_windows(store) else None
 
 
 def _base_link(history, path, base):
@@ -577,6 +597,13 @@ def _read_index(path):
             raise bad(f"files {files!r} do not give bytes and crc32 of {names}")
     if version >= 3:
         _check_version_3(index, bad)
+    if version >= 4:
+        windows = index.get("windows")
+        if not (isinstance(windows, list) and len(windows) == len(layers) and all(
+                isinstance(w, list) and len(w) == len(layer) and all(
+                    n is None or (type(n) is int and n >= 0) for n in w)
+                for w, layer in zip(windows, layers))):
+            raise bad(f"windows {windows!r} do not give a window count or null per table")
     return index
 
 
@@ -964,7 +991,7 @@ def _read_tables(model, chain, routes, world):
             finally:
                 source.close()
     _drop_overridden(links, routes, chosen, found, deleted)
-    tables = _allocate(model, routes, found, len(links))
+    tables = _allocate(model, routes, found, links)
     filled = {}
     buffer = np.empty(CHUNK_BYTES, np.uint8)
     for i, (directory, index, names) in enumerate(links):
@@ -992,8 +1019,10 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
             route = routes[l][t]
             prefix = f"L{l}.T{t}."
             counted = index["format_version"] >= 4
+            aged = counted and index["windows"][l][t] is not None
             arrays = ["keys", "weights", "state"] + ["seen_steps"] * counted \
-                + ["tags"] * bool(entry.get("tags")) + ["deleted"] * delta
+                + ["last_window"] * aged + ["tags"] * bool(entry.get("tags")) \
+                + ["deleted"] * delta
             expected.update(prefix + a for a in arrays)
             source.expect(prefix + "keys", "I64", (None,))
             n = source.tensors[prefix + "keys"][1][0]
@@ -1001,6 +1030,8 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
             source.expect(prefix + "state", "F32", (n, route.width))
             if counted:
                 source.expect(prefix + "seen_steps", "I32", (n,))
+            if aged:
+                source.expect(prefix + "last_window", "I32", (n,))
             if entry.get("tags"):
                 source.expect(prefix + "tags", "I32", (n,))
             if delta:
@@ -1054,9 +1085,12 @@ def _drop_overridden(links, routes, chosen, found, deleted):
                         + [np.empty(0, np.int64)]))
 
 
-def _allocate(model, routes, found, num_links):
-    """This rank's arrays, once: keys and tags from the scan, weights and
-    state to be streamed in (rows in the order the files are streamed)."""
+def _allocate(model, routes, found, links):
+    """This rank's arrays, once: keys and tags from the scan, the per-row
+    arrays to be streamed in (rows in the order the files are streamed),
+    and for a table that ages out by windows the last link's window count."""
+    num_links = len(links)
+    windows = links[-1][1].get("windows")
     tables = []
     for l, layer in enumerate(model.embedding_layers):
         tables.append([])
@@ -1072,6 +1106,12 @@ def _allocate(model, routes, found, num_links):
                       "weights": np.empty((keys.size, store.dim), np.float32),
                       "state": np.empty((keys.size, width), np.float32),
                       "seen_steps": np.zeros(keys.size, np.int32)}
+            if _ages_by_windows(store):
+                # -1 (unknown) for rows of a link that saved no windows.
+                arrays["last_window"] = np.full(keys.size, -1, np.int32)
+                saved = [windows[l][t] for t, _ in sources] if windows else []
+                if saved and saved[0] is not None:
+                    arrays["window"] = saved[0]
             if store.index.tags is not None:
                 arrays["tags"] = np.concatenate([g for _, _, g in parts]
                                                 + [np.empty(0, np.int32)])

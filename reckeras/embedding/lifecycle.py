@@ -17,7 +17,10 @@ tables set lifecycle fields in their `TableOptions` (see `options`):
 * **Aging out** (`evict_idle_windows=k`): rows not touched while training
   on the last `k` time windows are freed when a window ends (`end_window`,
   which `rk.Model.fit_windows` calls after training on each window), the
-  same way: compaction, and tombstones for delta checkpoints.
+  same way: compaction, and tombstones for delta checkpoints. Each row's
+  last window (`last_windows`) and the window count are saved in
+  checkpoints and restored by `load`, so a job that restarts from a
+  checkpoint ages rows out as one that never stopped.
 
 Eviction runs at the start of a training step (`begin_step`), before the
 step resolves any row, or between windows (`end_window`), so no step ever
@@ -159,8 +162,9 @@ class RowLifecycle(RowStore):
         `evict_idle_windows=k` that were not trained in it or the `k - 1`
         windows before it, and starts the next window.
 
-        Rows loaded (`load`) count as trained in the window that was
-        current when they were loaded.
+        Rows loaded (`load`) without their windows (anything but a
+        checkpoint) count as trained in the window that was current when
+        they were loaded.
 
         Returns:
             The number of rows freed.
@@ -341,10 +345,12 @@ class RowLifecycle(RowStore):
         self.store.configure_state(width, initial_value)
 
     def export(self) -> dict[str, np.ndarray]:
-        """The wrapped store's rows (admission counts and row ages are not saved).
+        """The wrapped store's rows (admission counts, row ages and hits are
+        not in it; a checkpoint adds the windows, see `last_windows`).
 
         Returns:
-            `{"keys", "weights", "state"}` numpy arrays (and `"tags"`).
+            `{"keys", "weights", "state", "seen_steps"}` numpy arrays (and
+            `"tags"`).
         """
         return self.store.export()
 
@@ -360,23 +366,54 @@ class RowLifecycle(RowStore):
         """
         return self.store.export_changes(since)
 
+    def last_windows(self, keys: np.ndarray) -> np.ndarray:
+        """The window each key's row was last trained in, as `end_window`
+        counts them (what a checkpoint saves beside `export`'s rows).
+
+        Args:
+            keys: int64 keys that have rows (an export's).
+
+        Returns:
+            int32, one per key.
+
+        Example:
+
+        ```python
+        arrays = store.export()
+        arrays["last_window"] = store.last_windows(arrays["keys"])
+        ```
+        """
+        rows = self.index.find(torch.from_numpy(keys).to(self.index.device)).cpu()
+        return self.last_window[rows].to(torch.int32).numpy()
+
     def load(self, arrays: dict) -> None:
         """Loads the wrapped store.
 
-        An export holds no row ages or hit counts, and the loaded rows are
-        numbered anew: they start with none, as in a process that loads the
-        same export fresh, and count as trained in the current window.
-        Admission counts (per key) are kept; the rows' tables come with the
-        export's tags.
+        The loaded rows are numbered anew and start without step ages or
+        hits, as in a process that loads the same export fresh. Where rows
+        age out by windows, each row keeps the window it was last trained
+        in when the arrays have it (a checkpoint's `"last_window"`, -1:
+        unknown), else it counts as trained in the current window;
+        `"window"` (a checkpoint's window count) sets the current window
+        first. Admission counts (per key) are kept; the rows' tables come
+        with the export's tags.
 
         Args:
             arrays: `{"keys", "weights", "state"}` numpy arrays or tensors
-                (and `"tags"`).
+                (and `"tags"`, `"seen_steps"`, `"last_window"`, `"window"`).
         """
         self.store.load(arrays)
+        if arrays.get("window") is not None:
+            self.window = int(arrays["window"])
         self.last_step, self.last_window, self.hits = (
             torch.zeros(0, dtype=torch.int64) for _ in range(3))
         self._fit_rows(fill_window=self.window)
+        last = arrays.get("last_window")
+        if self.ages_by_windows and last is not None:
+            last = torch.as_tensor(last, dtype=torch.int64).cpu()
+            rows = self.index.find(torch.as_tensor(arrays["keys"], dtype=torch.int64)
+                                   .to(self.index.device)).cpu()
+            self.last_window[rows] = torch.where(last < 0, self.window, last)
 
     def compact(self, keep: torch.Tensor) -> torch.Tensor:
         """The wrapped store's `compact`; row ages (in steps and windows)

@@ -150,13 +150,15 @@ def test_counts_survive_a_full_checkpoint_and_a_delta_chain(tmp_path):
 
 
 def as_format_3(ckpt):
-    """Rewrites a checkpoint as format 3 wrote it: no per-row counts."""
+    """Rewrites a checkpoint as format 3 wrote it: no per-row counts, no
+    windows."""
     path = os.path.join(ckpt, "index.json")
     index = json.load(open(path))
+    del index["windows"]
     for name in index["table_files"]:
         filename = os.path.join(ckpt, name)
         arrays = {k: v for k, v in load_file(filename).items()
-                  if not k.endswith(".seen_steps")}
+                  if not k.endswith((".seen_steps", ".last_window"))}
         save_file(arrays, filename)
         data = open(filename, "rb").read()
         index["files"][name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
@@ -183,3 +185,17 @@ def test_counts_survive_model_save_and_get_weights(tmp_path):
     assert counts_by_id(keras.models.load_model(tmp_path / "m.keras")) == {1: 1, 2: 2, 3: 2}
     model.set_weights(snapshot)
     assert counts_by_id(model) == {1: 1, 2: 2, 3: 2}
+
+
+def test_an_index_without_window_counts_is_refused(tmp_path):
+    saved_chain(tmp_path)
+    path = tmp_path / "full" / "index.json"
+    index = json.loads(path.read_text())
+    assert index["format_version"] == 4 and index["windows"] == [[None]]
+    index["windows"] = [[None, None]]                 # two tables of one
+    del index["index_crc32"]
+    index["index_crc32"] = zlib.crc32(json.dumps(index, sort_keys=True).encode())
+    path.write_text(json.dumps(index))
+    with pytest.raises(rk.embedding.CheckpointError, match="index.json is damaged or not a "
+                                                          "reckeras index: windows"):
+        build().load_checkpoint(tmp_path / "full")

@@ -1,6 +1,12 @@
 """Aging out by windows in fit_windows: rows unseen for K windows are freed
-at a window's end, the History counts rows added, evicted and kept, and a
-delta checkpoint after aging out loads to the state of a full one."""
+at a window's end, the History counts rows added, evicted and kept, a
+delta checkpoint after aging out loads to the state of a full one, and a job
+restarted from a checkpoint (full or a chain) ages out as one that never
+stopped."""
+
+import json
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -11,6 +17,9 @@ import torch
 import reckeras as rk
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.embedding.packing import table_salt
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "embedding"))
+from test_seen_steps import as_format_3  # noqa: E402
 
 K = 2
 BATCH = 16
@@ -133,3 +142,50 @@ def test_delta_after_aging_out_loads_as_the_full_checkpoint(tmp_path, storage):
         np.testing.assert_array_equal(loaded[name], expected[name], err_msg=name)
     for a, b in zip(from_delta.get_weights(), from_full.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("storage", ["device", "host_cached"])
+@pytest.mark.parametrize("saved", ["full", "delta"])
+def test_a_job_restarted_from_a_checkpoint_ages_out_as_one_that_never_stopped(
+        tmp_path, storage, saved):
+    windows = [window_table(w) for w in range(4)]
+    straight = build(storage)
+    expected = straight.fit_windows(windows, batch_size=BATCH, verbose=0, shuffle=False)
+    first = build(storage)
+    if saved == "full":
+        first.fit_windows(windows[:3], batch_size=BATCH, verbose=0, shuffle=False)
+        first.save_checkpoint(tmp_path / "day2")
+    else:
+        first.fit_windows(windows[:1], batch_size=BATCH, verbose=0, shuffle=False)
+        first.save_checkpoint(tmp_path / "day0")
+        first.fit_windows(windows[1:3], batch_size=BATCH, verbose=0, shuffle=False)
+        first.save_checkpoint(tmp_path / "day2", base=tmp_path / "day0")
+    index = json.loads((tmp_path / "day2" / "index.json").read_text())
+    assert index["windows"] == [[3]]                  # three windows ended
+    restarted = build(storage)                         # a new day's process
+    restarted.load_checkpoint(tmp_path / "day2")
+    got = restarted.fit_windows(windows[3:], batch_size=BATCH, verbose=0, shuffle=False)
+    # Window 3 frees a=101 and a=50-53, last trained in window 1.
+    for name in ("rows_added", "rows_evicted", "rows_kept"):
+        assert got.history[name] == expected.history[name][3:], name
+    assert expected.history["rows_evicted"][3] == HAND_COUNTS[3][1] == 5
+    assert held_keys(restarted) == held_keys(straight) == reference(4)[1][-1]
+    resumed, uninterrupted = tables_by_key(restarted), tables_by_key(straight)
+    for name in uninterrupted:
+        np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
+
+
+def test_rows_of_a_format_3_checkpoint_count_as_trained_in_the_window_of_the_load(
+        tmp_path):
+    windows = [window_table(w) for w in range(4)]
+    first = build()
+    first.fit_windows(windows[:3], batch_size=BATCH, verbose=0, shuffle=False)
+    first.save_checkpoint(tmp_path / "day2")
+    as_format_3(tmp_path / "day2")                   # saved before windows were saved
+    restarted = build()
+    restarted.load_checkpoint(tmp_path / "day2")
+    got = restarted.fit_windows(windows[3:], batch_size=BATCH, verbose=0, shuffle=False)
+    # Every row counts as trained in the restarted process's window 0: none
+    # is K = 2 windows old at its end.
+    assert got.history["rows_evicted"] == [0]
+    assert got.history["rows_kept"] == [HAND_COUNTS[2][2] + 2]
