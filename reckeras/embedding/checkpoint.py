@@ -16,10 +16,10 @@ Layout of a checkpoint directory::
                                        .seen_steps (the training steps each row
                                        was seen in), .last_window (the window
                                        it was last trained in, where its table
-                                       ages out by windows), .tags (each row's logical
-                                       table, where the physical table packs
-                                       several) and, in a delta, .deleted (keys
-                                       freed since the base)
+                                       ages out by windows), .tags (each row's
+                                       logical table, where the physical table
+                                       packs several) and, in a delta, .deleted
+                                       (keys freed since the base)
 
 A *full* checkpoint holds every row. A *delta* (`save_checkpoint(...,
 base=...)`) holds the dense weights whole and only the rows written since
