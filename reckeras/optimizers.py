@@ -71,27 +71,30 @@ class SparseOptimizer:
         return (self.learning_rate, 0.0, 0.0, 0.0, 0.0)
 
     def apply(self, weights: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
-              grads: torch.Tensor) -> None:
+              grads: torch.Tensor, round_seed: int = 0) -> None:
         """Updates `weights[rows]` and their state in place.
 
         Args:
-            weights: float32 or bfloat16 `[num_rows, D]`, the table.
+            weights: float32, float16 or bfloat16 `[num_rows, D]`, the table.
             state: float32 `[num_rows, state_width(D)]`.
             rows: int64 `[U]`, distinct rows.
             grads: float32 `[U, D]`, the gradient of every row.
+            round_seed: the seed of the stochastic rounding of half rows
+                (`sparse_optimizers.rounding_seed`).
         """
-        kernels.update(self.kind, weights, state, rows, grads, *self.hyperparameters())
+        kernels.update(self.kind, weights, state, rows, grads, *self.hyperparameters(),
+                       round_seed=round_seed)
 
     def apply_pooled(self, weights: torch.Tensor, state: torch.Tensor,
                      rows: torch.Tensor, grad_out: torch.Tensor,
                      unique_index: torch.Tensor, destination: torch.Tensor,
-                     id_weight: torch.Tensor) -> None:
+                     id_weight: torch.Tensor, round_seed: int = 0) -> None:
         """`apply` with the rows' gradients aggregated from a pooled gradient.
 
         On CUDA the aggregation and the update run as one kernel.
 
         Args:
-            weights: float32 or bfloat16 `[num_rows, D]`, the table.
+            weights: float32, float16 or bfloat16 `[num_rows, D]`, the table.
             state: float32 `[num_rows, state_width(D)]`.
             rows: int64 `[U]`, the batch's distinct rows.
             grad_out: float32 `[num_slots, D]`, the gradient of the pooled
@@ -100,10 +103,11 @@ class SparseOptimizer:
             destination: int64 `[n]`, each id's output slot.
             id_weight: float `[n]`, each id's pooling scale (as for
                 `backend_kernels.aggregation.aggregate_row_grads`).
+            round_seed: as for `apply`.
         """
         kernels.aggregate_and_update(self.kind, weights, state, rows, grad_out,
                                      unique_index, destination, id_weight,
-                                     *self.hyperparameters())
+                                     *self.hyperparameters(), round_seed=round_seed)
 
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments of the optimizer.

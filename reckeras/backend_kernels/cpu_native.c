@@ -29,6 +29,12 @@
  * capacity. An insert into a full map stops and says so instead of probing
  * forever.) A check costs 0-4% of its kernel on a dlrm batch; where the
  * checks sit, and why there, is noted at each kernel.
+ *
+ * Table rows are float32, float16 or bfloat16 (ROWS_* below; C has no
+ * portable type for either half, so they are converted by bit manipulation,
+ * which every compiler and CPU runs the same). Arithmetic is float32; the
+ * update stores a half row by stochastic rounding (round_half), bit for bit
+ * as sparse_optimizers.stochastic_round_reference does.
  */
 #include <stdint.h>
 #include <string.h>
@@ -46,6 +52,81 @@ static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
+}
+
+/* ---- row dtypes ---------------------------------------------------------------- */
+
+#define ROWS_F32 0
+#define ROWS_F16 1
+#define ROWS_BF16 2
+
+static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline float bf16_to_float(uint16_t h) { return bits_float((uint32_t)h << 16); }
+
+/* Exact for every float16, subnormals included: the exponent is rebiased by
+ * one float multiply (exact: a power of two), inf and NaN patched after. */
+static inline float f16_to_float(uint16_t h) {
+    uint32_t magnitude = h & 0x7fffu;
+    float value = bits_float(magnitude << 13) * 0x1p112f;
+    uint32_t bits = float_bits(value);
+    if (magnitude >= 0x7c00u) bits |= 0x7f800000u;             /* inf, NaN */
+    return bits_float(bits | ((uint32_t)(h & 0x8000u) << 16));
+}
+
+/* Round to nearest, ties to even (as torch's .to(torch.float16)); above the
+ * largest float16 -> inf, NaN -> a quiet NaN. */
+static inline uint16_t float_to_f16(float f) {
+    uint32_t x = float_bits(f);
+    uint32_t sign = x & 0x80000000u;
+    x ^= sign;
+    uint16_t out;
+    if (x >= 0x47800000u) {                     /* >= 65536, inf or NaN */
+        out = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (x < 0x38800000u) {               /* below 2^-14: a subnormal or 0 */
+        /* Adding 0.5 aligns the value's bits to float16's subnormal step:
+         * the float addition rounds to nearest even for us. */
+        out = (uint16_t)(float_bits(bits_float(x) + 0.5f) - 0x3f000000u);
+    } else {
+        uint32_t odd = (x >> 13) & 1u;
+        x += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
+        out = (uint16_t)(x >> 13);
+    }
+    return out | (uint16_t)(sign >> 16);
+}
+
+/* The murmur3 32-bit finalizer: every output bit depends on every input bit. */
+static inline uint32_t fmix32(uint32_t h) {
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    return h ^ (h >> 16);
+}
+
+/* Stochastic rounding of x to a half type: a pseudo-random number below the
+ * dropped bits' unit (16 bits for bfloat16, 13 for float16), the top bits of
+ * a hash of x's bits, the column and the update's seed, is added to x's bits and the
+ * dropped bits are cleared. So x rounds away from zero with probability
+ * (its distance to the half value below) / (the half step), and an update
+ * smaller than a half step still moves the row on average. Bit for bit
+ * sparse_optimizers.stochastic_round_reference; below float16's normal
+ * range the last conversion rounds to nearest. */
+static inline uint16_t round_half(float x, int dtype, uint32_t seed, int64_t column) {
+    uint32_t bits = float_bits(x);
+    int dropped = dtype == ROWS_BF16 ? 16 : 13;
+    uint32_t noise = fmix32((bits ^ seed) + (uint32_t)column * 0x9e3779b9u) >> (32 - dropped);
+    uint32_t rounded = ((bits + noise) >> dropped) << dropped;
+    return dtype == ROWS_BF16 ? (uint16_t)(rounded >> 16) : float_to_f16(bits_float(rounded));
+}
+
+static inline float half_to_float(uint16_t h, int dtype) {
+    return dtype == ROWS_BF16 ? bf16_to_float(h) : f16_to_float(h);
+}
+
+static inline int64_t row_bytes(int dtype, int64_t dim) {
+    return dim * (dtype == ROWS_F32 ? 4 : 2);
 }
 
 typedef void (*range_fn)(void *context, int64_t start, int64_t end);
@@ -286,8 +367,9 @@ static int all_in_range(const int64_t *index, int64_t n, int64_t bound) {
 #define BAD_THROUGH 4               /* through_index[i] outside [0, num_through) */
 
 struct scatter_args {
-    const float *source;            /* rows gathered, [num_sources, dim] */
+    const void *source;             /* rows gathered, [num_sources, dim] */
     int64_t dim;
+    int dtype;                      /* ROWS_* of source (aggregate: ROWS_F32) */
     const int64_t *source_row;      /* aggregate: the row of item i */
     const int64_t *through_rows, *through_index;   /* pool: through_rows[through_index[i]] */
     const int64_t *target_row;
@@ -299,6 +381,14 @@ struct scatter_args {
 
 static inline void add_scaled(float *to, const float *from, float scale, int64_t dim) {
     for (int64_t j = 0; j < dim; j++) to[j] += from[j] * scale;
+}
+
+static inline void add_scaled_half(float *to, const uint16_t *from, float scale,
+                                   int64_t dim, int dtype) {
+    if (dtype == ROWS_BF16)
+        for (int64_t j = 0; j < dim; j++) to[j] += bf16_to_float(from[j]) * scale;
+    else
+        for (int64_t j = 0; j < dim; j++) to[j] += f16_to_float(from[j]) * scale;
 }
 
 /* Whether this thread (targets lo .. lo + span) writes target; one out of
@@ -313,11 +403,14 @@ static inline int owns(int64_t target, int64_t lo, uint64_t span, uint64_t num_t
 /* out[target_row[i]] += source[through_rows[through_index[i]]] * scale[i]. */
 static void pool_range(void *context, int64_t lo, int64_t hi) {
     struct scatter_args *a = (struct scatter_args *)context;
-    const float *source = a->source, *scale = a->scale;
+    const char *source = (const char *)a->source;
+    const float *scale = a->scale;
+    const int dtype = a->dtype;
     const int64_t *rows = a->through_rows, *index = a->through_index;
     const int64_t *target_row = a->target_row;
     const int64_t dim = a->dim, n = a->n;
     const uint64_t span = (uint64_t)(hi - lo), num_targets = (uint64_t)a->num_targets;
+    const int64_t stride = row_bytes(dtype, dim);
     float *out = a->out + lo * dim;
     int bad = 0;
     /* The caller passes uninitialized memory: each thread zeroes the targets
@@ -327,8 +420,13 @@ static void pool_range(void *context, int64_t lo, int64_t hi) {
         int64_t target = target_row[i];
         if (!owns(target, lo, span, num_targets, &bad)) continue;
         if (i + PREFETCH_AHEAD < n)
-            __builtin_prefetch(source + rows[index[i + PREFETCH_AHEAD]] * dim, 0, 1);
-        add_scaled(out + (target - lo) * dim, source + rows[index[i]] * dim, scale[i], dim);
+            __builtin_prefetch(source + rows[index[i + PREFETCH_AHEAD]] * stride, 0, 1);
+        const char *row = source + rows[index[i]] * stride;
+        if (dtype == ROWS_F32)          /* the same branch for every id: predicted */
+            add_scaled(out + (target - lo) * dim, (const float *)row, scale[i], dim);
+        else
+            add_scaled_half(out + (target - lo) * dim, (const uint16_t *)row, scale[i],
+                            dim, dtype);
     }
     if (bad) __atomic_fetch_or(&a->bad, bad, __ATOMIC_RELAXED);
 }
@@ -336,7 +434,7 @@ static void pool_range(void *context, int64_t lo, int64_t hi) {
 /* out[target_row[i]] += source[source_row[i]] * scale[i]. */
 static void aggregate_range(void *context, int64_t lo, int64_t hi) {
     struct scatter_args *a = (struct scatter_args *)context;
-    const float *source = a->source, *scale = a->scale;
+    const float *source = (const float *)a->source, *scale = a->scale;
     const int64_t *source_row = a->source_row, *target_row = a->target_row;
     const int64_t dim = a->dim, n = a->n;
     const uint64_t span = (uint64_t)(hi - lo), num_targets = (uint64_t)a->num_targets;
@@ -354,18 +452,18 @@ static void aggregate_range(void *context, int64_t lo, int64_t hi) {
 }
 
 /* out[destination[i]] += weights[unique_rows[unique_index[i]]] * id_weight[i],
- * out zeroed first (it may hold garbage on entry). Returns the BAD_* bits
- * of the indices out of range (0: none); then nothing is read through them
- * and out is garbage. */
-int rk_pool_forward(const float *weights, int64_t num_rows, int64_t dim,
+ * out zeroed first (it may hold garbage on entry); weights of ROWS_* dtype,
+ * out float32. Returns the BAD_* bits of the indices out of range (0: none);
+ * then nothing is read through them and out is garbage. */
+int rk_pool_forward(const void *weights, int dtype, int64_t num_rows, int64_t dim,
                     const int64_t *unique_rows, int64_t num_unique,
                     const int64_t *unique_index, const int64_t *destination,
                     const float *id_weight, int64_t n, float *out, int64_t num_slots,
                     int threads) {
     if (!all_in_range(unique_index, n, num_unique)) return BAD_THROUGH;
     if (!all_in_range(unique_rows, num_unique, num_rows)) return BAD_SOURCE;
-    struct scatter_args a = {weights, dim, NULL, unique_rows, unique_index, destination,
-                             id_weight, n, num_slots, out, 0};
+    struct scatter_args a = {weights, dim, dtype, NULL, unique_rows, unique_index,
+                             destination, id_weight, n, num_slots, out, 0};
     parallel_ranges(threads, num_slots, n, pool_range, &a);
     return a.bad;
 }
@@ -378,8 +476,8 @@ int rk_aggregate(const float *grad_out, int64_t num_slots, int64_t dim,
                  const float *id_weight, int64_t n, float *grads, int64_t num_unique,
                  int threads) {
     if (!all_in_range(destination, n, num_slots)) return BAD_SOURCE;
-    struct scatter_args a = {grad_out, dim, destination, NULL, NULL, unique_index,
-                             id_weight, n, num_unique, grads, 0};
+    struct scatter_args a = {grad_out, dim, ROWS_F32, destination, NULL, NULL,
+                             unique_index, id_weight, n, num_unique, grads, 0};
     parallel_ranges(threads, num_unique, n, aggregate_range, &a);
     return a.bad;
 }
@@ -387,12 +485,26 @@ int rk_aggregate(const float *grad_out, int64_t num_slots, int64_t dim,
 /* kind 0 SGD, 1 Adagrad (state: dim per row), 2 row-wise Adagrad (1 per row). */
 struct update_args {
     int kind;
-    float *weights, *state;
+    void *weights;                  /* of ROWS_* dtype */
+    float *state;
     int64_t state_width, dim;
     const int64_t *rows;
     const float *grads;
     float lr, eps;
+    int dtype;
+    uint32_t seed;                  /* of the stochastic rounding (half rows) */
 };
+
+/* Row-wise Adagrad's accumulator step for row u (s += mean(g^2)), and the
+ * factor of its gradient in the update, lr / (sqrt(s) + eps). */
+static inline float rowwise_adagrad_scale(const struct update_args *a, int64_t u,
+                                          const float *g) {
+    float *s = a->state + a->rows[u] * a->state_width;
+    float square = 0.0f;
+    for (int64_t j = 0; j < a->dim; j++) square += g[j] * g[j];
+    s[0] += square / (float)a->dim;
+    return a->lr / (sqrtf(s[0]) + a->eps);
+}
 
 static void update_range(void *context, int64_t start, int64_t end) {
     const struct update_args *a = (const struct update_args *)context;
@@ -400,11 +512,11 @@ static void update_range(void *context, int64_t start, int64_t end) {
     float lr = a->lr, eps = a->eps;
     for (int64_t u = start; u < end; u++) {
         if (u + PREFETCH_AHEAD < end) {
-            __builtin_prefetch(a->weights + a->rows[u + PREFETCH_AHEAD] * dim, 1, 1);
+            __builtin_prefetch((float *)a->weights + a->rows[u + PREFETCH_AHEAD] * dim, 1, 1);
             if (a->kind != 0)
                 __builtin_prefetch(a->state + a->rows[u + PREFETCH_AHEAD] * width, 1, 1);
         }
-        float *w = a->weights + a->rows[u] * dim;
+        float *w = (float *)a->weights + a->rows[u] * dim;
         const float *g = a->grads + u * dim;
         if (a->kind == 0) {
             for (int64_t j = 0; j < dim; j++) w[j] -= lr * g[j];
@@ -415,12 +527,43 @@ static void update_range(void *context, int64_t start, int64_t end) {
                 w[j] -= lr * g[j] / (sqrtf(s[j]) + eps);
             }
         } else {
-            float *s = a->state + a->rows[u] * width;
-            float square = 0.0f;
-            for (int64_t j = 0; j < dim; j++) square += g[j] * g[j];
-            s[0] += square / (float)dim;
-            float scale = lr / (sqrtf(s[0]) + eps);
+            float scale = rowwise_adagrad_scale(a, u, g);
             for (int64_t j = 0; j < dim; j++) w[j] -= scale * g[j];
+        }
+    }
+}
+
+/* update_range of half rows: each value read as float32, updated with the
+ * same float32 arithmetic, and stored by round_half. */
+static void update_half_range(void *context, int64_t start, int64_t end) {
+    const struct update_args *a = (const struct update_args *)context;
+    int64_t dim = a->dim, width = a->state_width;
+    float lr = a->lr, eps = a->eps;
+    int dtype = a->dtype;
+    uint32_t seed = a->seed;
+    for (int64_t u = start; u < end; u++) {
+        if (u + PREFETCH_AHEAD < end) {
+            __builtin_prefetch((uint16_t *)a->weights + a->rows[u + PREFETCH_AHEAD] * dim,
+                               1, 1);
+            if (a->kind != 0)
+                __builtin_prefetch(a->state + a->rows[u + PREFETCH_AHEAD] * width, 1, 1);
+        }
+        uint16_t *w = (uint16_t *)a->weights + a->rows[u] * dim;
+        const float *g = a->grads + u * dim;
+        if (a->kind == 0) {
+            for (int64_t j = 0; j < dim; j++)
+                w[j] = round_half(half_to_float(w[j], dtype) - lr * g[j], dtype, seed, j);
+        } else if (a->kind == 1) {
+            float *s = a->state + a->rows[u] * width;
+            for (int64_t j = 0; j < dim; j++) {
+                s[j] += g[j] * g[j];
+                float value = half_to_float(w[j], dtype) - lr * g[j] / (sqrtf(s[j]) + eps);
+                w[j] = round_half(value, dtype, seed, j);
+            }
+        } else {
+            float scale = rowwise_adagrad_scale(a, u, g);
+            for (int64_t j = 0; j < dim; j++)
+                w[j] = round_half(half_to_float(w[j], dtype) - scale * g[j], dtype, seed, j);
         }
     }
 }
@@ -428,13 +571,15 @@ static void update_range(void *context, int64_t start, int64_t end) {
 /* Rows are distinct, so their updates split over threads freely. Returns 0,
  * or -1 (nothing updated) when a row lies outside [0, table_rows), the rows
  * of weights and state. */
-int rk_apply_update(int kind, float *weights, float *state, int64_t state_width,
+int rk_apply_update(int kind, void *weights, int dtype, float *state, int64_t state_width,
                     int64_t dim, int64_t table_rows, const int64_t *rows,
                     const float *grads, int64_t num_rows, float lr, float eps,
-                    int threads) {
+                    uint32_t seed, int threads) {
     if (!all_in_range(rows, num_rows, table_rows)) return -1;
-    struct update_args a = {kind, weights, state, state_width, dim, rows, grads, lr, eps};
-    parallel_ranges(threads, num_rows, num_rows, update_range, &a);
+    struct update_args a = {kind, weights, state, state_width, dim, rows, grads, lr, eps,
+                            dtype, seed};
+    parallel_ranges(threads, num_rows, num_rows,
+                    dtype == ROWS_F32 ? update_range : update_half_range, &a);
     return 0;
 }
 

@@ -72,16 +72,18 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
     "rk_initial_rows": (None, [_PTR, _I64, _I64, _I64, ctypes.c_double, _PTR, _INT]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
     "rk_rehash": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64]),
-    "rk_pool_forward": (_INT, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR,
-                               _I64, _INT]),
+    "rk_pool_forward": (_INT, [_PTR, _INT, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64,
+                               _PTR, _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
     "rk_unique_rows": (_I64, [_PTR, _I64, _I64, _PTR, _PTR, _PTR]),
-    "rk_apply_update": (_INT, [_INT, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64,
-                               ctypes.c_float, ctypes.c_float, _INT]),
+    "rk_apply_update": (_INT, [_INT, _PTR, _INT, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64,
+                               ctypes.c_float, ctypes.c_float, ctypes.c_uint32, _INT]),
 }
 # The bits the pool and aggregate kernels return (BAD_TARGET, BAD_SOURCE,
 # BAD_THROUGH in cpu_native.c).
 _BAD_TARGET, _BAD_SOURCE, _BAD_THROUGH = 1, 2, 4
+# The dtypes of table rows the kernels read and update (ROWS_* in cpu_native.c).
+ROW_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def _cache_dir() -> Path:
@@ -206,15 +208,16 @@ def available() -> bool:
     return library() is not None
 
 
-def usable(*tensors: torch.Tensor) -> bool:
+def usable(*tensors: torch.Tensor, table: torch.Tensor | None = None) -> bool:
     """Whether the native kernels apply to these tensors.
 
-    They do for contiguous CPU tensors that are float32 or int64 (tables of
-    other dtypes, and indices of other dtypes, use the references), when
-    `available()`.
+    They do for contiguous CPU tensors that are float32 or int64 (indices of
+    other dtypes use the references), and a `table` of rows that is float32,
+    float16 or bfloat16, when `available()`.
 
     Args:
         *tensors: the operands of one kernel call.
+        table: the table rows it reads or updates, if any.
 
     Returns:
         Whether the native kernel may be called on them.
@@ -227,23 +230,28 @@ def usable(*tensors: torch.Tensor) -> bool:
     cpu_native.usable(torch.zeros(4, 8), torch.arange(4))   # True where built
     cpu_native.usable(torch.zeros(4, 8).t())                # False: not contiguous
     cpu_native.usable(torch.arange(4, dtype=torch.int32))   # False: int32
+    cpu_native.usable(torch.arange(4), table=torch.zeros(4, 8, dtype=torch.bfloat16))
     ```
     """
     return all(t.is_cpu and t.is_contiguous()
                and t.dtype in (torch.float32, torch.int64)
-               for t in tensors) and available()
+               for t in tensors) and (
+        table is None or table.is_cpu and table.is_contiguous()
+        and table.dtype in ROW_DTYPES) and available()
 
 
 # ---- the checks at the boundary ---------------------------------------------------------
 # Each is a few attribute reads (~0.4 us a tensor): they run on every call.
 # (`is_cpu`, not `device.type`: building the device object costs 0.4 us alone.)
 
-def _tensor(kernel: str, name: str, value: object, dtype: torch.dtype, dims: int) -> None:
-    """Raises unless `value` is a dense contiguous CPU tensor of `dtype` and `dims` dims."""
+def _tensor(kernel: str, name: str, value: object, dtype: torch.dtype | tuple, dims: int
+            ) -> None:
+    """Raises unless `value` is a dense contiguous CPU tensor of `dtype` (or
+    one of a tuple of dtypes) and `dims` dims."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"cpu_native.{kernel}: {name} must be a torch.Tensor, got "
                         f"{type(value).__name__}")
-    if value.dtype != dtype:
+    if value.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
         raise TypeError(f"cpu_native.{kernel}: {name} must be {dtype}, got {value.dtype}")
     if not value.is_cpu or value.layout != torch.strided:
         raise ValueError(f"cpu_native.{kernel}: {name} must be a dense CPU tensor, got "
@@ -520,7 +528,8 @@ def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
     `out[destination[i]] += id_weight[i] * weights[unique_rows[unique_index[i]]]`.
 
     Args:
-        weights: float32 `[num_rows, D]`, the table.
+        weights: float32, float16 or bfloat16 `[num_rows, D]`, the table
+            (half rows are summed in float32).
         unique_rows: int64 `[U]`, the batch's unique rows.
         unique_index: int64 `[n]`, each id's position in `unique_rows`.
         destination: int64 `[n]`, each id's output slot.
@@ -551,13 +560,14 @@ def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
     ```
     """
     kernel = "pool_forward"
-    _tensor(kernel, "weights", weights, torch.float32, 2)
+    _tensor(kernel, "weights", weights, tuple(ROW_DTYPES), 2)
     _tensor(kernel, "unique_rows", unique_rows, torch.int64, 1)
     n = _forward_index(kernel, unique_index, destination, id_weight)
     num_slots = _integer(kernel, "num_slots", num_slots)
     num_rows, dim = weights.shape
     out = torch.empty(num_slots, dim, dtype=torch.float32)     # the C loop zeroes it
-    bad = library().rk_pool_forward(_p(weights), num_rows, dim, _p(unique_rows),
+    bad = library().rk_pool_forward(_p(weights), ROW_DTYPES[weights.dtype], num_rows, dim,
+                                    _p(unique_rows),
                                     unique_rows.shape[0], _p(unique_index),
                                     _p(destination), _p(id_weight), n, _p(out),
                                     num_slots, _threads())
@@ -672,26 +682,31 @@ UPDATE_KINDS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
 
 
 def apply_update(kind: str, weights: torch.Tensor, state: torch.Tensor,
-                 rows: torch.Tensor, grads: torch.Tensor, lr: float, eps: float) -> None:
+                 rows: torch.Tensor, grads: torch.Tensor, lr: float, eps: float,
+                 round_seed: int = 0) -> None:
     """A sparse optimizer update of distinct rows, in place, in one C loop.
 
     Args:
         kind: a key of `UPDATE_KINDS` ("sgd", "adagrad", "rowwise_adagrad").
-        weights: float32 `[num_rows, D]`, the table.
+        weights: float32, float16 or bfloat16 `[num_rows, D]`, the table;
+            half rows are updated in float32 and stored by stochastic
+            rounding (`sparse_optimizers.stochastic_round_reference`).
         state: float32 `[num_rows, width]`, the optimizer state: width `D`
             for Adagrad, 1 for row-wise Adagrad; SGD does not read it.
         rows: int64 `[U]`, distinct rows in `[0, num_rows)`.
         grads: float32 `[U, D]`, the gradient of every row.
         lr: the learning rate.
         eps: Adagrad's epsilon (unused by SGD).
+        round_seed: the seed of the stochastic rounding, in `[0, 2^32)`
+            (unused for float32 rows).
 
     Raises:
         TypeError: for a tensor of the wrong dtype (or not a tensor), or
-            non-numeric `lr`, `eps`.
+            non-numeric `lr`, `eps`, or a non-integer `round_seed`.
         ValueError: for an unknown `kind`, a tensor of the wrong dims, not
             contiguous or not on the CPU, `grads` not `[U, D]`, `state` not
-            of the shape `kind` needs, or a row outside `[0, num_rows)`.
-            Nothing is updated then.
+            of the shape `kind` needs, a `round_seed` out of range, or a row
+            outside `[0, num_rows)`. Nothing is updated then.
 
     Example:
 
@@ -708,11 +723,12 @@ def apply_update(kind: str, weights: torch.Tensor, state: torch.Tensor,
     if kind not in UPDATE_KINDS:
         raise ValueError(f"cpu_native.apply_update: kind must be one of "
                          f"{sorted(UPDATE_KINDS)}, got {kind!r}")
-    _tensor(kernel, "weights", weights, torch.float32, 2)
+    _tensor(kernel, "weights", weights, tuple(ROW_DTYPES), 2)
     _tensor(kernel, "state", state, torch.float32, 2)
     _tensor(kernel, "rows", rows, torch.int64, 1)
     _tensor(kernel, "grads", grads, torch.float32, 2)
     lr, eps = _real(kernel, "lr", lr), _real(kernel, "eps", eps)
+    round_seed = _integer(kernel, "round_seed", round_seed, 0, 2**32 - 1)
     num_rows, dim = weights.shape
     if grads.shape != (rows.shape[0], dim):
         raise ValueError(f"cpu_native.apply_update: grads must be [{rows.shape[0]}, {dim}] "
@@ -721,8 +737,9 @@ def apply_update(kind: str, weights: torch.Tensor, state: torch.Tensor,
     if kind != "sgd" and state.shape != (num_rows, width):
         raise ValueError(f"cpu_native.apply_update: {kind} needs state of shape "
                          f"[{num_rows}, {width}], got {tuple(state.shape)}")
-    status = library().rk_apply_update(UPDATE_KINDS[kind], _p(weights), _p(state),
+    status = library().rk_apply_update(UPDATE_KINDS[kind], _p(weights),
+                                       ROW_DTYPES[weights.dtype], _p(state),
                                        state.shape[1], dim, num_rows, _p(rows), _p(grads),
-                                       rows.shape[0], lr, eps, _threads())
+                                       rows.shape[0], lr, eps, round_seed, _threads())
     if status:
         raise _outside(kernel, "rows", rows, num_rows, "rows of weights")

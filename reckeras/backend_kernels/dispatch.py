@@ -48,11 +48,13 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return TRITON_AVAILABLE and (tensor.is_cuda or _triton_on_cpu)
 
 
-def use_native(*tensors: torch.Tensor) -> bool:
+def use_native(*tensors: torch.Tensor, table: torch.Tensor | None = None) -> bool:
     """Whether the native CPU kernels (`cpu_native`) serve these tensors.
 
     Args:
         *tensors: the tensors an entry point is called on.
+        table: the table rows it reads or updates (float32, float16 or
+            bfloat16), if any.
 
     Returns:
         True when they are CPU tensors the native kernels take and those
@@ -61,14 +63,14 @@ def use_native(*tensors: torch.Tensor) -> bool:
     Example:
 
     ```python
-    if use_native(weights, rows):
+    if use_native(unique_rows, table=weights):
         cpu_native.pool_forward(...)
     ```
     """
     if _triton_on_cpu:
         return False
     from reckeras.backend_kernels import cpu_native
-    return cpu_native.usable(*tensors)
+    return cpu_native.usable(*tensors, table=table)
 
 
 @contextlib.contextmanager

@@ -202,7 +202,8 @@ def pooled_lookup(weights: torch.Tensor, unique_rows: torch.Tensor,
     reference on CPU tensors.
 
     Args:
-        weights: float32 or bfloat16 `[num_rows, D]`, the table.
+        weights: float32, float16 or bfloat16 `[num_rows, D]`, the table
+            (summed in float32).
         unique_rows: int64 `[U]`, the batch's unique rows of `weights`.
         unique_index: int64 `[N]`, every id's index into `unique_rows`.
         destination: int64 `[N]`, every id's output slot.
@@ -222,7 +223,7 @@ def pooled_lookup(weights: torch.Tensor, unique_rows: torch.Tensor,
     # [[0.5, 0, 1], [1, 0, 0]]
     ```
     """
-    if use_native(weights, unique_rows, unique_index, destination, id_weight):
+    if use_native(unique_rows, unique_index, destination, id_weight, table=weights):
         from reckeras.backend_kernels import cpu_native
         return cpu_native.pool_forward(weights, unique_rows, unique_index, destination,
                                        id_weight, num_slots)
@@ -266,8 +267,8 @@ class PooledLookup(torch.autograd.Function):
         """
         ctx.save_for_backward(unique_rows, unique_index, destination, id_weight)
         ctx.apply_row_grads = apply_row_grads
-        if use_triton(weights) or use_native(weights, unique_rows, unique_index,
-                                             destination, id_weight):
+        if use_triton(weights) or use_native(unique_rows, unique_index, destination,
+                                             id_weight, table=weights):
             ctx.index = None
             return pooled_lookup(weights, unique_rows, unique_index, destination,
                                  id_weight, num_slots)

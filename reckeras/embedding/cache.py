@@ -4,9 +4,9 @@ A table with `storage="host_cached"` is a `HostCachedTable` row store (see
 `table.RowStore`) made of two tiers. Its host `PhysicalTable` holds every
 row and its optimizer state in host memory (pinned when a GPU is present):
 the *host tier*, the store's `index`. A `RowCache` is the *device tier*:
-fixed `[capacity, dim]` weights and `[capacity, state_width]` state,
-allocated once at exactly the configured budget, so it can never grow past
-it. The host table knows nothing of the cache; the store keeps the two
+fixed `[capacity, dim]` weights (in the table's row dtype, as the host
+tier's) and `[capacity, state_width]` float32 state, allocated once at
+exactly the configured budget, so it can never grow past it. The host table knows nothing of the cache; the store keeps the two
 consistent (writes back before bulk reads, forgets cached rows when the host
 rows are replaced).
 
@@ -114,15 +114,16 @@ class RowCache:
         return self.host.dim
 
     def row_bytes(self, state_width: int) -> int:
-        """Bytes of one cached row: float32 weights and optimizer state.
+        """Bytes of one cached row: weights (the table's row dtype) and
+        float32 optimizer state.
 
         Args:
             state_width: float32 state values per row.
 
         Returns:
-            `4 * (dim + state_width)`.
+            `dim * row itemsize + 4 * state_width`.
         """
-        return 4 * (self.dim + state_width)
+        return self.dim * self.host.weights.element_size() + 4 * state_width
 
     def configure(self, state_width: int) -> None:
         """(Re)allocates the device tier for rows of `state_width` state.
@@ -143,10 +144,12 @@ class RowCache:
         if capacity < 1:
             raise CacheBudgetError(
                 f"table(s) {self.names}: cache_bytes holds no row of {row_bytes} bytes "
-                f"(dim {self.dim} + optimizer state {state_width}, float32)")
+                f"(dim {self.dim} of {self.host.weights.dtype} + optimizer state "
+                f"{state_width} of float32)")
         with self.lock:
             self.capacity = capacity
-            self.weights = torch.zeros(capacity, self.dim, device=self.device)
+            self.weights = torch.zeros(capacity, self.dim, dtype=self.host.weights.dtype,
+                                       device=self.device)
             self.state = torch.zeros(capacity, state_width, device=self.device)
             self.slot_row = torch.full((capacity,), -1, dtype=torch.int64)
             self.dirty = torch.zeros(capacity, dtype=torch.bool)

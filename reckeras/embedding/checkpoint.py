@@ -21,6 +21,12 @@ Layout of a checkpoint directory::
                                        packs several) and, in a delta, .deleted
                                        (keys freed since the base)
 
+Rows are saved in their table's dtype (float32, float16 or bfloat16; the
+index records it per physical table, `"dtype"`, float32 when absent), and
+optimizer state in float32. A checkpoint loads into a table of another row
+dtype, rows converted to the table's (rounded to the nearest, ties to even),
+and so do the links of a chain saved with different row dtypes.
+
 A *full* checkpoint holds every row. A *delta* (`save_checkpoint(...,
 base=...)`) holds the dense weights whole and only the rows written since
 its base, with their optimizer state, plus the keys deleted since (rows the
@@ -100,6 +106,7 @@ from safetensors.torch import save_file
 from reckeras import distributed
 from reckeras.embedding.lifecycle import RowLifecycle
 from reckeras.embedding.packing import table_salt
+from reckeras.embedding.row_dtypes import ROW_DTYPES, dtype_name, numpy_dtype, to_torch
 from reckeras.embedding.sharding import owner_of
 
 FORMAT_VERSION = 4
@@ -116,7 +123,10 @@ CHUNK_BYTES = 8 * 2**20
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
-_NUMPY = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
+_NUMPY = {"F32": np.float32, "I64": np.int64, "I32": np.int32, "F16": np.float16,
+          "BF16": numpy_dtype(torch.bfloat16)}
+# The safetensors dtype of the rows of each `TableOptions.dtype`.
+_ROWS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # The per-row arrays of a table file that loading streams into place (keys,
 # tags and deleted keys are read whole when a file is scanned).
 _STREAMED = ("weights", "state", "seen_steps", "last_window")
@@ -318,7 +328,7 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
             if _ages_by_windows(store):
                 arrays["last_window"] = store.last_windows(arrays["keys"])
             for name, array in arrays.items():
-                tables[f"L{l}.T{t}.{name}"] = torch.from_numpy(np.ascontiguousarray(array))
+                tables[f"L{l}.T{t}.{name}"] = to_torch(array)
     # Exported: rows written from here on belong to the next checkpoint.
     generation = _end_generation(model, history)
     name = _table_file(world.rank, world.size)
@@ -341,7 +351,8 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
                  "id": identity, "world_size": world.size,
                  "table_files": [_table_file(r, world.size) for r in range(world.size)],
                  "layers": [[{"dim": store.dim, "state_width": store.state.shape[1],
-                              "tables": names, "tags": store.index.tags is not None}
+                              "tables": names, "tags": store.index.tags is not None,
+                              "dtype": dtype_name(store.index.weights.dtype)}
                              for store, names in zip(layer.engine.tables,
                                                      layer.engine.packing.group_tables)]
                             for layer in model.embedding_layers],
@@ -543,12 +554,20 @@ def _chain(path):
         if base_index["id"] in seen:
             raise CheckpointError(f"{base_filename}: the chain of deltas loops back to it")
         seen.add(base_index["id"])
-        if base_index["layers"] != index["layers"]:
+        if _without_dtypes(base_index["layers"]) != _without_dtypes(index["layers"]):
             raise CheckpointError(f"{base_filename} holds other tables than its delta "
                                   f"{directory}: {base_index['layers']} against "
                                   f"{index['layers']}")
         links.append((base_directory, base_index))
     return links[::-1]
+
+
+def _without_dtypes(layers):
+    """An index's tables less their row dtypes: the links of a chain may
+    differ in those (a model loads a checkpoint of another dtype, then saves
+    a delta against it)."""
+    return [[{k: v for k, v in t.items() if k != "dtype"} for t in layer]
+            for layer in layers]
 
 
 def _read_index(path):
@@ -585,7 +604,8 @@ def _read_index(path):
     if not (isinstance(layers, list) and all(
             isinstance(layer, list) and all(
                 isinstance(t, dict) and isinstance(t.get("dim"), int)
-                and isinstance(t.get("state_width"), int) for t in layer)
+                and isinstance(t.get("state_width"), int)
+                and t.get("dtype", "float32") in ROW_DTYPES for t in layer)
             for layer in layers)):
         raise bad(f"layers {layers!r}")
     if version >= 2:
@@ -1026,7 +1046,8 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
             expected.update(prefix + a for a in arrays)
             source.expect(prefix + "keys", "I64", (None,))
             n = source.tensors[prefix + "keys"][1][0]
-            source.expect(prefix + "weights", "F32", (n, entry["dim"]))
+            source.expect(prefix + "weights", _ROWS[entry.get("dtype", "float32")],
+                          (n, entry["dim"]))
             source.expect(prefix + "state", "F32", (n, route.width))
             if counted:
                 source.expect(prefix + "seen_steps", "I32", (n,))
@@ -1102,8 +1123,10 @@ def _allocate(model, routes, found, links):
             width = sources[0][1].width if sources else store.state.shape[1]
             keys = np.concatenate([k for _, k, _ in parts] + [np.empty(0, np.int64)])
             # Counts stay 0 for rows of a link saved before rows were counted.
+            # Rows in the table's row dtype: a file of another converts as it streams.
             arrays = {"keys": keys,
-                      "weights": np.empty((keys.size, store.dim), np.float32),
+                      "weights": np.empty((keys.size, store.dim),
+                                          numpy_dtype(store.index.weights.dtype)),
                       "state": np.empty((keys.size, width), np.float32),
                       "seen_steps": np.zeros(keys.size, np.int32)}
             if _ages_by_windows(store):
@@ -1140,7 +1163,7 @@ def _stream(source, file, routes, chosen, tables, filled, buffer):
             owned = None if mask is None else mask[first:first + count]
             kept = 0 if owned is None else int(owned.sum())
             target_rows = None if out is None else out[position:position + kept]
-            if owned is not None and kept == count:
+            if owned is not None and kept == count and out.dtype == _NUMPY[dtype]:
                 chunk = target_rows.reshape(-1).view(np.uint8)   # all loaded: read in place
             else:
                 if row_bytes * count > buffer.size:
@@ -1148,9 +1171,13 @@ def _stream(source, file, routes, chosen, tables, filled, buffer):
                 chunk = buffer[:count * width * _DTYPES[dtype].itemsize]
             source.read_exactly(chunk)
             crc = zlib.crc32(chunk, crc)
-            if owned is not None and 0 < kept < count:
-                np.compress(owned, chunk.view(_NUMPY[dtype]).reshape(count, *shape[1:]),
-                            axis=0, out=target_rows)
+            if owned is not None and 0 < kept and not (kept == count and
+                                                        out.dtype == _NUMPY[dtype]):
+                saved = chunk.view(_NUMPY[dtype]).reshape(count, *shape[1:])
+                if out.dtype == saved.dtype:
+                    np.compress(owned, saved, axis=0, out=target_rows)
+                else:           # rows of another dtype than the table's: converted
+                    target_rows[...] = saved[owned]
             position += kept
         if copied:
             filled[l, target, array] = position

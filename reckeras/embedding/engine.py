@@ -52,10 +52,12 @@ from reckeras import distributed, ragged
 from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.backend_kernels.hashing import table_keys
 from reckeras.backend_kernels.pooling import PooledLookup
+from reckeras.backend_kernels.sparse_optimizers import rounding_seed
 from reckeras.embedding.cache import HostCachedTable
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter
 from reckeras.embedding.lifecycle import RowLifecycle
 from reckeras.embedding.packing import PackingPlan
+from reckeras.embedding.row_dtypes import row_dtype
 from reckeras.embedding.sharding import owner_of
 from reckeras.embedding.table import PhysicalTable
 
@@ -75,7 +77,8 @@ class EmbeddingEngine:
         packing: the `PackingPlan` of the layer's features.
         init_scale: new rows are uniform in `[-init_scale, init_scale]`;
             None means `1 / sqrt(dim)` of each table.
-        seed: seed of the rows' initial values.
+        seed: seed of the rows' initial values and of the stochastic
+            rounding of half-precision rows.
         cache_device: device of the `host_cached` tables' caches (default:
             CUDA when available, else CPU).
 
@@ -100,6 +103,7 @@ class EmbeddingEngine:
     def __init__(self, packing: PackingPlan, init_scale: float | None = None,
                  seed: int = 0, cache_device: str | torch.device | None = None):
         self.packing = packing
+        self.seed = seed
         cache_device = cache_device or ("cuda" if torch.cuda.is_available() else "cpu")
         # One row store per physical table (distinct dim), in packing order.
         self.tables = [self._store(group, init_scale, seed, cache_device)
@@ -121,11 +125,16 @@ class EmbeddingEngine:
         plan = self.packing
         dim, names = plan.dims[group], plan.group_tables[group]
         options = plan.group_options[group]
+        dtypes = {name: o.dtype for name, o in zip(names, options)}
+        if len(set(dtypes.values())) > 1:
+            raise ValueError(f"tables {names} share one physical table (dim {dim}) and "
+                             f"need one row dtype; got {dtypes}. Give them the same "
+                             f"TableOptions dtype, or different dims")
         cached = plan.host_cached(group)
         table = PhysicalTable(dim, init_scale or dim ** -0.5, seed,
                               name=f"{names} (dim {dim})",
                               pin_memory=cached and torch.cuda.is_available(),
-                              num_tables=len(names))
+                              num_tables=len(names), dtype=row_dtype(options[0].dtype))
         store = HostCachedTable(table, names, options, cache_device) if cached else table
         if any(o.uses_lifecycle for o in options):
             store = RowLifecycle(store, options)
@@ -333,14 +342,18 @@ class EmbeddingEngine:
                 enumerate(self._group_layout(offsets, batch, per_id, ids, weights))):
             # One iteration per distinct dim.
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
+            # The step's update rounds half rows with bits of its own (and the
+            # same on every rank, so world size does not change them).
+            round_seed = rounding_seed(self.seed, self.step, group)
             if self.connect() is None:
                 rows, pin = self.tables[group].resolve(group_keys, training, group_tags)
                 values, unique, unique_index, apply = self._local_rows(
-                    self.tables[group], rows, pin)
+                    self.tables[group], rows, pin, round_seed)
             else:
                 unique_index, route = routed.routes[group] if routed else \
                     self._route(group, group_keys, group_tags, training, ahead=False)
-                values, unique, apply, pin = self._remote_rows(group, route, training)
+                values, unique, apply, pin = self._remote_rows(group, route, training,
+                                                               round_seed)
             flat = PooledLookup.apply(
                 self.anchor, values, unique, unique_index, group_destination,
                 group_weight, layout.rows(batch), apply)
@@ -408,8 +421,8 @@ class EmbeddingEngine:
         else:
             deferred._queue(all_finite(checked), update, pin)
 
-    def _apply_row_grads(self, store, rows, grads):
-        self._checked_optimizer().apply(store.weights, store.state, rows, grads)
+    def _apply_row_grads(self, store, rows, grads, round_seed):
+        self._checked_optimizer().apply(store.weights, store.state, rows, grads, round_seed)
 
     def route_ahead(self, ids: torch.Tensor, offsets: torch.Tensor,
                     training: bool) -> RoutedBatch:
@@ -560,7 +573,7 @@ class EmbeddingEngine:
                 chosen = chosen[owner_of(chosen, world.size) == world.rank]
             store.prefetch(chosen)
 
-    def _local_rows(self, store, rows, pin):
+    def _local_rows(self, store, rows, pin, round_seed):
         """`(values, unique, unique_index, apply)` for the pooled lookup.
 
         Ids without a row (unseen at inference, not admitted yet) read an
@@ -570,7 +583,8 @@ class EmbeddingEngine:
         if not bool(missing.any()):
             unique, unique_index = unique_rows(rows, store.row_bound)
             self.requests += unique.numel()
-            return store.weights, unique, unique_index, _RowUpdate(self, store, pin)
+            return store.weights, unique, unique_index, _RowUpdate(self, store, pin,
+                                                                   round_seed)
         present = (~missing).nonzero().squeeze(1)
         unique, position = unique_rows(rows[present], store.row_bound)
         self.requests += unique.numel()
@@ -578,14 +592,14 @@ class EmbeddingEngine:
         unique_index[present] = position
         values = torch.cat([store.weights[unique],
                             store.weights.new_zeros(1, store.dim)])
-        apply = functools.partial(self._update_dropping_last, store, unique, pin)
+        apply = functools.partial(self._update_dropping_last, store, unique, pin, round_seed)
         return values, torch.arange(values.shape[0], device=values.device), unique_index, \
             apply
 
-    def _update_dropping_last(self, store, rows, pin, _, grads):
+    def _update_dropping_last(self, store, rows, pin, round_seed, _, grads):
         grads = grads[:-1]              # the zero row of the ids without one
-        self._update(grads, functools.partial(self._apply_row_grads, store, rows, grads),
-                     pin)
+        self._update(grads, functools.partial(self._apply_row_grads, store, rows, grads,
+                                              round_seed), pin)
 
     def _route(self, group, keys, tags, training, ahead):
         """`(unique_index, route)`: the keys deduplicated, and the route of
@@ -595,7 +609,7 @@ class EmbeddingEngine:
             if training and self.tables[group].needs_tags else None
         return unique_index, self._router.route(unique_keys, unique_tags, ahead=ahead)
 
-    def _remote_rows(self, group, route, training):
+    def _remote_rows(self, group, route, training, round_seed):
         store = self.tables[group]
         store.check_fits(route.owner_keys, training)
         owner_rows, pin = store.resolve(route.owner_keys, training, route.owner_tags)
@@ -604,22 +618,23 @@ class EmbeddingEngine:
         owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
                                    store.weights[owner_rows.clamp(min=0)], 0.0)
         values = route.rows_to_requesters(owner_values)
-        apply = functools.partial(self._update_remote, store, route, owner_rows, pin)
+        apply = functools.partial(self._update_remote, store, route, owner_rows, pin,
+                                  round_seed)
         return values, torch.arange(values.shape[0], device=values.device), apply, pin
 
-    def _update_remote(self, store, route, owner_rows, pin, _, grads):
+    def _update_remote(self, store, route, owner_rows, pin, round_seed, _, grads):
         # This rank's gradients before the exchange: each rank checks its own
         # and the caller agrees across ranks, so all exchange or none does.
         self._update(grads, functools.partial(self._apply_remote_grads, store, route,
-                                              owner_rows, grads), pin)
+                                              owner_rows, grads, round_seed), pin)
 
-    def _apply_remote_grads(self, store, route, owner_rows, grads):
+    def _apply_remote_grads(self, store, route, owner_rows, grads, round_seed):
         owner_grads = route.grads_to_owners(grads) / self.world.size
         present = (owner_rows >= 0).nonzero().squeeze(1)
         unique, position = unique_rows(owner_rows[present], store.row_bound)
         summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
         summed.index_add_(0, position, owner_grads[present])
-        self._apply_row_grads(store, unique, summed)
+        self._apply_row_grads(store, unique, summed, round_seed)
 
     def _pooling_weight(self, offsets, bag, per_id, num_ids, device, weights):
         """Every id's scale: its weight (1 unweighted) over its bag's `"mean"`
@@ -781,12 +796,14 @@ class _RowUpdate:
     the rows in one pass.
     """
 
-    def __init__(self, engine, store, pin):
+    def __init__(self, engine, store, pin, round_seed):
         self.engine, self.store, self.pin = engine, store, pin
+        self.round_seed = round_seed
 
     def __call__(self, rows, grads):
         self.engine._update(grads, functools.partial(
-            self.engine._apply_row_grads, self.store, rows, grads), self.pin)
+            self.engine._apply_row_grads, self.store, rows, grads, self.round_seed),
+            self.pin)
 
     def apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
         self.engine._update(grad_out, functools.partial(
@@ -797,4 +814,4 @@ class _RowUpdate:
         # The store's arrays are read now: they may have grown since the lookup.
         self.engine._checked_optimizer().apply_pooled(
             self.store.weights, self.store.state, rows, grad_out, unique_index,
-            destination, id_weight)
+            destination, id_weight, self.round_seed)

@@ -3,13 +3,16 @@
 `TableOptions` is what a user passes to `ShardedEmbedding(table_options=...)`
 for one logical table. The lifecycle fields (admission, eviction) are read by
 `lifecycle.RowLifecycle`; the storage fields (`storage`, the cache budget and
-policy) by `cache.HostCachedTable`. The engine builds one row store per
+policy) by `cache.HostCachedTable`; `dtype` (the rows' precision) by
+`table.PhysicalTable`. The engine builds one row store per
 physical table from the options of the logical tables packed into it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from reckeras.embedding.row_dtypes import ROW_DTYPES
 
 STORAGES = ("device", "host_cached")
 CACHE_POLICIES = ("lfu", "lru")
@@ -40,6 +43,12 @@ class TableOptions:
             state (`host_cached` only; give it or `cache_rows`).
         cache_policy: which cached row to replace: `"lfu"` (least
             frequently used, with aging) or `"lru"` (least recently used).
+        dtype: how the rows are stored: `"float32"`, or `"float16"` /
+            `"bfloat16"` for half the row memory. Optimizer state and every
+            update's arithmetic stay float32; an update rounds the new row
+            back stochastically (see `docs/caching.md`, "Half-precision
+            rows"). Tables of one dim share one physical table, so they
+            must agree on it.
 
     Example:
 
@@ -47,7 +56,8 @@ class TableOptions:
     emb = rk.layers.ShardedEmbedding(columns, table_options={
         "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000),
         "C3": rk.embedding.TableOptions(evict_idle_windows=3),
-        "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000)})
+        "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000),
+        "C4": rk.embedding.TableOptions(dtype="bfloat16")})
     ```
     """
 
@@ -60,6 +70,7 @@ class TableOptions:
     cache_rows: int | None = None
     cache_bytes: int | None = None
     cache_policy: str = "lfu"
+    dtype: str = "float32"
 
     def __post_init__(self):
         for field in ("admit_after", "evict_every"):
@@ -72,6 +83,9 @@ class TableOptions:
                                       or value < 1):
                 raise ValueError(f"TableOptions.{field} must be None or an int >= 1, "
                                  f"got {value!r}")
+        if self.dtype not in ROW_DTYPES:
+            raise ValueError(f"TableOptions.dtype must be one of {tuple(ROW_DTYPES)}, "
+                             f"got {self.dtype!r}")
         self._check_storage()
 
     def _check_storage(self):

@@ -33,6 +33,12 @@ int32): the same lookup that marks a row written adds one to its count,
 once per lookup however often its id occurs in it. Checkpoints save the
 counts (`export`), and `rk.Model.export_serving(..., min_count=k)` keeps
 only the rows seen in at least `k` steps.
+
+Rows are stored in the table's `dtype` (float32, float16 or bfloat16: see
+`row_dtypes`); the optimizer state is float32 whatever it is. Rows written
+from float32 values outside an update (a new row's initial value, a loaded
+row of another dtype) are rounded to the nearest (ties to even); an
+update rounds stochastically (`backend_kernels.sparse_optimizers`).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import torch
 from reckeras._allocator import release_free_memory
 from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import initial_rows
+from reckeras.embedding.row_dtypes import to_numpy, to_torch
 
 if TYPE_CHECKING:
     from reckeras.embedding.cache import Pin
@@ -301,9 +308,10 @@ class RowStore(abc.ABC):
         """A copy of every row this store holds, with its newest value.
 
         Returns:
-            `{"keys": int64 [n], "weights": float32 [n, dim],
-            "state": float32 [n, width], "seen_steps": int32 [n]}` (the
-            training steps each row was seen in).
+            `{"keys": int64 [n], "weights": [n, dim] in the table's dtype
+            (`row_dtypes.numpy_dtype`), "state": float32 [n, width],
+            "seen_steps": int32 [n]}` (the training steps each row was seen
+            in).
         """
 
     @abc.abstractmethod
@@ -326,7 +334,8 @@ class RowStore(abc.ABC):
 
         Args:
             arrays: `{"keys", "weights", "state"}` numpy arrays or tensors
-                (and `"seen_steps"`, 0 where missing).
+                (and `"seen_steps"`, 0 where missing); weights of another
+                dtype than the table's are converted (rounded to the nearest).
 
         Raises:
             ValueError: the weights' shape does not match the keys and `dim`.
@@ -373,6 +382,8 @@ class PhysicalTable(RowStore):
             tier copied to and from a GPU cache).
         num_tables: logical tables packed into it; with more than one, each
             row's logical table is kept (`tags`) and `resolve` reads tags.
+        dtype: the rows' dtype: `torch.float32`, `torch.float16` or
+            `torch.bfloat16` (the optimizer state is float32).
 
     Example:
 
@@ -385,7 +396,8 @@ class PhysicalTable(RowStore):
 
     def __init__(self, dim: int, init_scale: float = 0.05, seed: int = 0,
                  device: str | torch.device | None = None, name: str | None = None,
-                 pin_memory: bool = False, num_tables: int = 1):
+                 pin_memory: bool = False, num_tables: int = 1,
+                 dtype: torch.dtype = torch.float32):
         self.dim = dim
         self.init_scale = init_scale
         self.seed = seed
@@ -395,7 +407,7 @@ class PhysicalTable(RowStore):
         self.slot_keys, self.slot_rows = hash_table.new_slots(16, self.device)
         self.num_rows = 0
         self.keys = torch.empty(1, dtype=torch.int64, device=self.device)
-        self.weights = torch.zeros(1, dim, device=self.device)
+        self.weights = torch.zeros(1, dim, dtype=dtype, device=self.device)
         self.state = torch.zeros(1, 0, device=self.device)
         self.state_init = 0.0
         self.needs_tags = False
@@ -577,10 +589,10 @@ class PhysicalTable(RowStore):
         self.slot_keys, self.slot_rows = slot_keys, slot_rows
         release_free_memory()
 
-    def _rows_storage(self, rows, width, fill):
-        """A `[rows, width]` float32 array filled with `fill` (left
+    def _rows_storage(self, rows, width, fill, dtype=torch.float32):
+        """A `[rows, width]` array of `dtype` filled with `fill` (left
         uninitialized when `fill` is None), or MemoryError naming the table."""
-        size = rows * width * 4
+        size = rows * width * dtype.itemsize
         available = available_host_bytes() if self.device.type == "cpu" else None
         # Refuse before the kernel's OOM killer would end the process silently.
         if available is not None and size > available:
@@ -589,9 +601,9 @@ class PhysicalTable(RowStore):
                               f"bytes available")
         try:
             if fill is None:
-                return torch.empty((rows, width), device=self.device,
+                return torch.empty((rows, width), dtype=dtype, device=self.device,
                                    pin_memory=self.pin_memory)
-            return torch.full((rows, width), fill, device=self.device,
+            return torch.full((rows, width), fill, dtype=dtype, device=self.device,
                               pin_memory=self.pin_memory)
         except (RuntimeError, MemoryError) as error:
             raise MemoryError(f"embedding table {self.name}: cannot allocate {size} "
@@ -650,8 +662,9 @@ class PhysicalTable(RowStore):
         """`array` with `rows` rows, its first `num_rows` copied."""
         shape = (rows, *array.shape[1:])
         grown = torch.zeros(shape, dtype=array.dtype, device=self.device) if zero_tail \
-            else self._rows_storage(rows, shape[1], None) if array.dtype == torch.float32 \
-            and array.ndim == 2 else torch.empty(shape, dtype=array.dtype, device=self.device)
+            else self._rows_storage(rows, shape[1], None, array.dtype) \
+            if array.is_floating_point() and array.ndim == 2 \
+            else torch.empty(shape, dtype=array.dtype, device=self.device)
         grown[:self.num_rows] = array[:self.num_rows]
         return grown
 
@@ -808,7 +821,8 @@ class PhysicalTable(RowStore):
         if self.tags is not None:
             arrays.append(("tags", self.tags))
         # A copy even on the CPU: a snapshot must not follow later updates.
-        return {name: values[rows].to("cpu", copy=True).numpy() for name, values in arrays}
+        return {name: to_numpy(values[rows].to("cpu", copy=True))
+                for name, values in arrays}
 
     def export_changes(self, since: int) -> dict[str, np.ndarray]:
         """The rows written after generation `since` and the keys deleted
@@ -864,7 +878,7 @@ class PhysicalTable(RowStore):
             hash_table.capacity_for(keys.numel()), self.device)
         self.num_rows = 0
         capacity = max(1, keys.numel())
-        self.weights = self._rows_storage(capacity, self.dim, 0.0)
+        self.weights = self._rows_storage(capacity, self.dim, 0.0, self.weights.dtype)
         self.keys = torch.empty(capacity, dtype=torch.int64, device=self.device)
         width = state.shape[1] if state.ndim == 2 else self.state.shape[1]
         self.state = self._rows_storage(capacity, width, self.state_init)
@@ -873,7 +887,7 @@ class PhysicalTable(RowStore):
         if self.tags is not None:
             self.tags = torch.full((capacity,), -1, dtype=torch.int32, device=self.device)
         rows = self.find_or_insert(keys)
-        self.weights[rows] = weights.float()
+        self.weights[rows] = weights.to(self.weights.dtype)
         if state.numel():
             self.state[rows] = state.float()
         self.written_at[rows] = written
@@ -905,6 +919,4 @@ class PhysicalTable(RowStore):
 def _tensor(values, dtype, device):
     """Exported arrays arrive as numpy (checkpoints, Keras's store) or as
     tensors (compaction, on the table's own device)."""
-    if not isinstance(values, torch.Tensor):
-        values = np.asarray(values)
-    return torch.as_tensor(values, dtype=dtype, device=device)
+    return torch.as_tensor(to_torch(values), dtype=dtype, device=device)

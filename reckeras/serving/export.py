@@ -35,7 +35,10 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
         embedding_layers: its embedding layers, each fed the FeatureColumns'
             packed batch (`rk.Model` passes them).
         path: the artifact directory (replaced if it exists).
-        rows: row precision, one of `artifact.ROW_PRECISIONS`.
+        rows: row precision, one of `artifact.ROW_PRECISIONS`, converted
+            from each table's own row dtype (`"float16"` keeps a float16
+            table's rows exactly; a bfloat16 table's rows are exact in
+            `"float32"`).
         min_count: export only the rows seen in at least this many training
             steps (`PhysicalTable.seen_steps`; each rank filters its own);
             the others read zeros at serving, as unseen ids do. None: every
@@ -80,7 +83,9 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
     for index, layer in enumerate(embedding_layers):
         for table, arrays in enumerate(layer.export_tables()):
             kept = slice(None) if min_count is None else arrays["seen_steps"] >= min_count
-            stored = artifact.encode_rows(arrays["weights"][kept], rows)
+            # Half-precision tables export their own dtype: encode from float32.
+            stored = artifact.encode_rows(
+                arrays["weights"][kept].astype(np.float32, copy=False), rows)
             save_file({"keys": arrays["keys"][kept], **stored},
                       os.path.join(staging, artifact.table_file(index, table, world.rank)))
     if world.rank == 0:

@@ -232,8 +232,8 @@ SANITIZER_CASES = {
         except ValueError as error:
             print("refused:", error, flush=True)
         # table_rows 21 for a table of 20 rows: row 20 is written past its end.
-        library.rk_apply_update(2, address(weights), address(state), 1, 5, 21, address(rows),
-                                address(grads), 1, 0.1, 1e-8, 1)
+        library.rk_apply_update(2, address(weights), 0, address(state), 1, 5, 21,
+                                address(rows), address(grads), 1, 0.1, 1e-8, 0, 1)
         """, "ERROR: AddressSanitizer: heap-buffer-overflow"),
     "a row count that overflows int64": ("""
         slot_keys, slot_rows = torch.full((4,), -2**63), torch.full((4,), -1)

@@ -37,6 +37,8 @@ FUZZ = settings(max_examples=25, deadline=None, print_blob=True)
 int64s = st.integers(INT64_MIN, INT64_MAX)
 WRONG_DTYPES = {torch.int64: [torch.int32, torch.float64, torch.bool, torch.float32],
                 torch.float32: [torch.float64, torch.int64, torch.bool, torch.float16]}
+# Table rows may also be float16 or bfloat16.
+WRONG_ROW_DTYPES = [torch.float64, torch.int64, torch.bool, torch.int16]
 
 
 # ---- breaking one argument -----------------------------------------------------------
@@ -48,9 +50,10 @@ def _strided(tensor):
     return tensor.t().contiguous().t()
 
 
-def tensor_breaks(tensor):
+def tensor_breaks(tensor, wrong_dtypes=None):
     """(how, error, broken value) for the ways any tensor argument can be wrong."""
-    breaks = [(f"as {dtype}", TypeError, tensor.to(dtype)) for dtype in WRONG_DTYPES[tensor.dtype]]
+    breaks = [(f"as {dtype}", TypeError, tensor.to(dtype))
+              for dtype in wrong_dtypes or WRONG_DTYPES[tensor.dtype]]
     breaks += [("a list", TypeError, tensor.tolist()),
                ("a numpy array", TypeError, tensor.numpy()),
                ("on the meta device", ValueError,
@@ -307,7 +310,7 @@ def test_pool_forward(data):
     index, index_ways = forward_index(draw, unique_rows.numel(), num_slots)
     args = {"weights": weights, "unique_rows": unique_rows, **index, "num_slots": num_slots}
     assert_all_refused(cpu_native.pool_forward, args, {
-        "weights": tensor_breaks(weights),
+        "weights": tensor_breaks(weights, WRONG_ROW_DTYPES),
         "unique_rows": tensor_breaks(unique_rows) + index_breaks(draw, unique_rows, num_rows),
         **index_ways, "num_slots": count_breaks()})
     torch.testing.assert_close(cpu_native.pool_forward(**args), pooled_lookup_reference(**args),
@@ -397,7 +400,7 @@ def test_apply_update(data):
                          ("one row short", ValueError, torch.rand(num_rows - 1, width))]
     assert_all_refused(cpu_native.apply_update, args, {
         "kind": [("adam", ValueError, "adam"), ("an int", ValueError, 0)],
-        "weights": tensor_breaks(weights),
+        "weights": tensor_breaks(weights, WRONG_ROW_DTYPES),
         "state": state_breaks,
         "rows": tensor_breaks(rows) + index_breaks(draw, rows, num_rows),
         "grads": tensor_breaks(grads) + length_breaks(grads),
