@@ -4,7 +4,11 @@
 #      tensors, against the torch references on CPU;
 #   2. fit on the GPU with the pipeline's h2d stage against inline stages;
 #   3. benchmarks/kernels.py on the GPU: kernel bandwidth against the device
-#      peak, and the fused step against the per-feature loop on the same GPU.
+#      peak for float32, float16 and bfloat16 table rows, and the fused step
+#      against the per-feature loop on the same GPU.
+# The kernel tests include the half-precision rows (test_half_rows.py: the
+# compiled update kernel's stochastic rounding bit for bit as the reference,
+# the pooled lookup of half rows, the fused aggregation + update).
 # Usage: benchmarks/gpu_check.sh   (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +24,6 @@ echo "kernel tests: $((SECONDS - start)) s"
 # fit on the GPU: the h2d stage (pinned memory, copy stream) against inline.
 timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider -x tests/pipeline/test_device_copy.py
 echo "pipeline tests: $((SECONDS - start)) s"
-timeout 90 "$PYTHON" benchmarks/kernels.py --device cuda --steps 20 --warmup 4
+timeout 120 "$PYTHON" benchmarks/kernels.py --device cuda --steps 20 --warmup 4 \
+    --row-dtypes float32,float16,bfloat16
 echo "gpu_check: $((SECONDS - start)) s"

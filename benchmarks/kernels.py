@@ -29,9 +29,12 @@ paths.
 
 ``--bandwidth`` (default on CUDA) adds the achieved bandwidth of the lookup,
 aggregation and update kernels against the device's peak (nominal, and a
-measured device-to-device copy).
+measured device-to-device copy), for tables of each of ``--row-dtypes``
+(float32 rows by default; float16 and bfloat16 rows read half the bytes and
+are updated with stochastic rounding).
 
-Usage: ``python benchmarks/kernels.py [--shapes dlrm,wide] [--steps 15]``
+Usage: ``python benchmarks/kernels.py [--shapes dlrm,wide] [--steps 15]
+[--row-dtypes float32,float16,bfloat16]``
 """
 
 import argparse
@@ -207,9 +210,10 @@ def measured_copy_gbps(device):
     return 2 * x.numel() / seconds / 1e9
 
 
-def kernel_bandwidth(name, args, device):
-    """GB/s of the sparse kernels on one batch of shape ``name``: bytes that a
-    kernel must move at least, over its best time of 10."""
+def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
+    """GB/s of the sparse kernels on one batch of shape ``name`` with table
+    rows of ``row_dtype``: bytes that a kernel must move at least, over its
+    best time of 10."""
     shape = SHAPES[name]
     dim, fields = shape["dim"], len(shape["vocabs"])
     generator = torch.Generator().manual_seed(3)
@@ -218,7 +222,8 @@ def kernel_bandwidth(name, args, device):
     n = keys.numel()
     slot_keys, slot_rows = hash_table.new_slots(hash_table.capacity_for(2 * n), device)
     rows, num_rows = hash_table.find_or_insert(slot_keys, slot_rows, keys, 0)
-    weights = torch.rand(num_rows, dim, device=device)
+    weights = torch.rand(num_rows, dim, device=device).to(row_dtype)
+    value = weights.element_size()      # bytes of one row value
     state = torch.zeros(num_rows, 1, device=device)
     unique, unique_index = unique_rows(rows, num_rows)
     u = unique.numel()
@@ -233,7 +238,7 @@ def kernel_bandwidth(name, args, device):
         "lookup (gather + pool)": (
             lambda: pooling.pooled_lookup(weights, unique, unique_index, destination,
                                           id_weight, n),
-            per_id + n * dim * 4 * 2),
+            per_id + n * dim * (value + 4)),
         "backward aggregation": (
             lambda: aggregate_row_grads(grad_out, unique_index, destination, id_weight, u),
             per_id + n * dim * 4 + u * dim * 4),
@@ -241,17 +246,18 @@ def kernel_bandwidth(name, args, device):
             lambda: sparse_optimizers.update(sparse_optimizers.ROWWISE_ADAGRAD, weights,
                                              state, unique, row_grads, LEARNING_RATE,
                                              EPSILON),
-            u * (8 + dim * 4 * 3 + 4 * 2)),
+            u * (8 + dim * (2 * value + 4) + 4 * 2)),
         "aggregation + update, fused": (
             lambda: sparse_optimizers.aggregate_and_update(
                 sparse_optimizers.ROWWISE_ADAGRAD, weights, state, unique, grad_out,
                 unique_index, destination, id_weight, LEARNING_RATE, EPSILON),
-            per_id + n * dim * 4 + u * (8 + dim * 4 * 2 + 4 * 2)),
+            per_id + n * dim * 4 + u * (8 + dim * value * 2 + 4 * 2)),
         "hash find (present keys)": (
             lambda: hash_table.find(slot_keys, slot_rows, keys), n * 8 * 4),
     }
     peak = measured_copy_gbps(device)
-    print(f"{name}: {n} ids, {u} unique rows, dim {dim}; device copy {peak:.0f} GB/s"
+    print(f"{name}: {n} ids, {u} unique rows, dim {dim}, {row_dtype} rows; "
+          f"device copy {peak:.0f} GB/s"
           + (f", nominal peak {H200_PEAK_GBPS:.0f} GB/s" if device.type == "cuda" else ""))
     for label, (fn, nbytes) in figures.items():
         fn()
@@ -274,6 +280,8 @@ def main():
     parser.add_argument("--shapes", default="dlrm,wide")
     parser.add_argument("--bandwidth", action="store_true",
                         help="kernel bandwidth figures (always on CUDA)")
+    parser.add_argument("--row-dtypes", default="float32",
+                        help="table row dtypes of the bandwidth figures, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -285,7 +293,8 @@ def main():
     shapes = args.shapes.split(",")
     if args.bandwidth or device.type == "cuda":
         for name in shapes:
-            kernel_bandwidth(name, args, device)
+            for row_dtype in args.row_dtypes.split(","):
+                kernel_bandwidth(name, args, device, getattr(torch, row_dtype))
     speedups = {name: compare(name, args, device) for name in shapes}
     if "wide" in speedups:
         print(f"wide_fused_speedup={speedups['wide']:.2f}")

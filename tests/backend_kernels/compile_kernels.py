@@ -23,6 +23,9 @@ from reckeras.backend_kernels import (aggregation, hash_table, hashing,  # noqa:
                                       sparse_optimizers, transforms)
 
 P64, P32, PBF, P8 = "*i64", "*fp32", "*bf16", "*i8"
+P16 = "*fp16"
+# The dropped bits of the stochastic rounding of each row type (0: none).
+ROUNDED = {P32: 0, PBF: 16, P16: 13}
 
 
 def segment_sum(source):
@@ -38,9 +41,9 @@ def update(weights, kind, indirect):
              "starts_ptr": P64, "ends_ptr": P64, "num_rows": "i32", "dim": "i32",
              "state_width": "i32", "lr": "fp32", "eps": "fp32", "beta1": "fp32",
              "beta2": "fp32", "log2_beta1": "fp32", "log2_beta2": "fp32",
-             "weight_decay": "fp32"},
+             "weight_decay": "fp32", "round_seed": "i32"},
             {"KIND": kind, "INDIRECT": indirect, "BLOCK_N": 4, "GROUPS": 16,
-             "BLOCK_D": 16})
+             "BLOCK_D": 16, "ROUNDED": ROUNDED[weights]})
 
 
 CASES = [
@@ -76,12 +79,15 @@ CASES = [
       for weighted in (False, True)],
     (aggregation, "_segment_sum_kernel", *segment_sum(P32)),
     (aggregation, "_segment_sum_kernel", *segment_sum(PBF)),
+    (aggregation, "_segment_sum_kernel", *segment_sum(P16)),
     (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.SGD, False)),
     (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.ADAGRAD, True)),
     (sparse_optimizers, "_update_kernel",
      *update(PBF, sparse_optimizers.ROWWISE_ADAGRAD, True)),
     (sparse_optimizers, "_update_kernel", *update(P32, sparse_optimizers.ADAM, False)),
     (sparse_optimizers, "_update_kernel", *update(PBF, sparse_optimizers.ADAMW, True)),
+    (sparse_optimizers, "_update_kernel", *update(P16, sparse_optimizers.SGD, False)),
+    (sparse_optimizers, "_update_kernel", *update(P16, sparse_optimizers.ADAGRAD, True)),
 ]
 
 
