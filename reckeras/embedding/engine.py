@@ -162,8 +162,10 @@ class EmbeddingEngine:
         every row's newest value.
 
         Returns:
-            One `{"keys", "weights", "state"}` dict of numpy arrays per
-            physical table, in `tables` order (`RowStore.export`).
+            One `{"keys", "weights", "state", "seen_steps"}` dict of numpy
+            arrays per physical table (and `"tags"` where it tracks them), in
+            `tables` order (`RowStore.export`; weights in the table's row
+            dtype).
 
         Example:
 
@@ -182,7 +184,8 @@ class EmbeddingEngine:
 
         Args:
             tables: one `{"keys", "weights", "state"}` dict per physical
-                table, in `tables` order.
+                table (optionally `"seen_steps"` and `"tags"`), in `tables`
+                order.
 
         Raises:
             ValueError: a count or row width that is not this engine's; no
