@@ -412,7 +412,8 @@ static void pool_range(void *context, int64_t lo, int64_t hi) {
     int bad = 0;
     /* The caller passes uninitialized memory: each thread zeroes the targets
      * it owns (in parallel, and while they are warm in its cache). */
-    memset(out, 0, (size_t)span * (size_t)dim * sizeof(float));
+    if (span && dim)   /* an empty output may have no memory at all (NULL) */
+        memset(out, 0, (size_t)span * (size_t)dim * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         int64_t target = target_row[i];
         if (!owns(target, lo, span, num_targets, &bad)) continue;
@@ -437,7 +438,7 @@ static void aggregate_range(void *context, int64_t lo, int64_t hi) {
     const uint64_t span = (uint64_t)(hi - lo), num_targets = (uint64_t)a->num_targets;
     float *out = a->out + lo * dim;
     int bad = 0;
-    memset(out, 0, (size_t)span * (size_t)dim * sizeof(float));   /* as in pool_range */
+    if (span && dim) memset(out, 0, (size_t)span * (size_t)dim * sizeof(float));   /* as in pool_range */
     for (int64_t i = 0; i < n; i++) {
         int64_t target = target_row[i];
         if (!owns(target, lo, span, num_targets, &bad)) continue;
