@@ -11,6 +11,12 @@ and p99 latency at batch 1, 16 and 256, examples/s, and per row precision
 the dlrm artifact's size and the test AUC of the README quickstart model
 (criteo_synth) through the predictor, against float32's.
 
+Beside them it times the dense network alone: the model's bottom MLP, dot
+interaction and top MLP as plain torch modules (`baselines._FloorModel`, the
+throughput benchmark's floor) on constant embeddings, under
+`torch.inference_mode`. No predictor that computes this float32 network can
+take less, so `model.predict` over that time bounds the predictor's speed-up.
+
     python benchmarks/serving.py [--calls 200] [--threads 1] [--auc-epochs 1]
 """
 
@@ -27,6 +33,7 @@ import urllib.request
 import numpy as np
 import torch
 
+import baselines
 import throughput
 from workloads import WORKLOADS, make_batches, to_arrow
 
@@ -155,6 +162,7 @@ def main():
     path = os.path.join(root, "float32")
     predictor = rk.serving.load(path)
     server, url = start_server(path, args.threads)
+    floor = baselines._FloorModel(workload).eval()
     print(f"dlrm model, {workload.num_fields} fields, dim {workload.dim}; torch threads "
           f"{args.threads}; {args.calls} calls per cell\n")
     print("| batch | system | p50 ms | p99 ms | examples/s |")
@@ -165,9 +173,16 @@ def main():
         np.testing.assert_allclose(predictor.predict(inputs),
                                    model.predict(inputs, batch_size=batch, verbose=0),
                                    atol=1e-5)
+        dense = torch.randn(batch, baselines.NUM_DENSE)
+
+        def dense_network_alone():
+            with torch.inference_mode():
+                floor(dense)
+
         systems = {"model.predict": lambda: model.predict(inputs, batch_size=batch,
                                                           verbose=0),
-                   "predictor": lambda: predictor.predict(inputs)}
+                   "predictor": lambda: predictor.predict(inputs),
+                   "dense network alone": dense_network_alone}
         if url:
             systems["HTTP"] = lambda: post(url, body)
         for name, fn in systems.items():
