@@ -75,37 +75,61 @@ RESERVE_FROM_ROWS = 2**20
 # finish in.
 BUILD_AHEAD_FROM_SLOTS = 2**22
 BUILD_AHEAD_AT = 0.6
+# How often the build takes the keys created meanwhile.
+CATCH_UP_S = 0.05
 
 
 class _IndexBuild:
     """The next, twice as large index of a table, built on a thread.
 
-    It takes the keys of rows `[0, rows)` (those that exist when it starts;
-    the table keeps growing its current index meanwhile, see
-    `hash_table.rehash`'s `rows_below`). The native pass and the fill of
-    the fresh arrays run outside the GIL.
+    It first takes the keys of rows `[0, rows)` (those that exist when it
+    starts; the table keeps growing its current index meanwhile, see
+    `hash_table.rehash`'s `rows_below`), then, every `CATCH_UP_S`, the keys
+    created since, read from the table's keys array, until the table installs
+    it: the step that does is left the keys of the last interval only. The
+    native passes and the fill of the fresh arrays run outside the GIL.
+
+    Args:
+        slot_keys: the current index's keys.
+        slot_rows: its rows.
+        capacity: the new index's slots.
+        rows: the table's row count now.
+        created: returns `(row count, keys array)` of the table, in that
+            order: the keys of every row below the count are written.
+        table_name: names the thread.
     """
 
-    def __init__(self, slot_keys, slot_rows, capacity, rows, table_name):
+    def __init__(self, slot_keys, slot_rows, capacity, rows, created, table_name):
         self.rows = rows
         self._outcome = {}
+        self._install = threading.Event()
         self._thread = threading.Thread(
-            target=self._build, args=(slot_keys, slot_rows, capacity),
+            target=self._build, args=(slot_keys, slot_rows, capacity, created),
             name=f"reckeras-index-{table_name}", daemon=True)
         self._thread.start()
 
-    def _build(self, slot_keys, slot_rows, capacity):
+    def _build(self, slot_keys, slot_rows, capacity, created):
         try:
-            self._outcome["index"] = hash_table.rehash(slot_keys, slot_rows, capacity,
-                                                       rows_below=self.rows)
+            index = hash_table.rehash(slot_keys, slot_rows, capacity, rows_below=self.rows)
+            while True:
+                count, keys = created()
+                if count > self.rows:
+                    # Distinct and absent: numbered in row order, each gets its own row.
+                    hash_table.find_or_insert(*index, keys[self.rows:count], self.rows)
+                    self.rows = count
+                if self._install.wait(CATCH_UP_S):
+                    break
+            self._outcome["index"] = index
         except (RuntimeError, MemoryError):
             # Out of memory: the table rehashes in the step instead, where
             # the same failure raises and names the table.
             pass
 
     def result(self):
-        """The new `(slot_keys, slot_rows)`, once built, or None when the
-        build failed (the table then rehashes in the step)."""
+        """The new `(slot_keys, slot_rows)`, holding the keys of rows
+        `[0, self.rows)`, or None when the build failed (the table then
+        rehashes in the step)."""
+        self._install.set()
         self._thread.join()
         return self._outcome.get("index")
 
@@ -552,8 +576,8 @@ class PhysicalTable(RowStore):
 
         A large CPU index is rebuilt at twice its size in the background
         once it is `BUILD_AHEAD_AT` of the way to its load limit, while
-        steps go on; when the limit comes the new index only takes the keys
-        created since the build began. Rebuilt in the step instead, a
+        steps go on, and keeps taking the keys created meanwhile; when the
+        limit comes the new index only takes the last few. Rebuilt in the step instead, a
         10^8-row table's index (4 GB) stalled it for 14 s, most of it
         faulting in the new index's fresh pages.
         """
@@ -565,7 +589,11 @@ class PhysicalTable(RowStore):
         elif self._next_index is None and self.num_rows > limit * BUILD_AHEAD_AT and \
                 capacity >= BUILD_AHEAD_FROM_SLOTS and self.device.type == "cpu":
             self._next_index = _IndexBuild(self.slot_keys, self.slot_rows, 2 * capacity,
-                                           self.num_rows, self.name)
+                                           self.num_rows, self._created, self.name)
+
+    def _created(self):
+        # The count first: every key below it is in the array read after.
+        return self.num_rows, self.keys
 
     def _install_index(self, capacity):
         """Replaces the index by one of at least `capacity` slots: the
@@ -574,9 +602,9 @@ class PhysicalTable(RowStore):
         built = build.result() if build is not None else None
         if built is not None and built[0].numel() >= capacity:
             slot_keys, slot_rows = built
-            # The keys created since the build began, with their rows: all
-            # absent from it and distinct, so numbering them from its row
-            # count in row order gives each its own row again.
+            # The keys created since the build last caught up, with their
+            # rows: all absent from it and distinct, so numbering them from
+            # its row count in row order gives each its own row again.
             _, count = hash_table.find_or_insert(
                 slot_keys, slot_rows, self.keys[build.rows:self.num_rows], build.rows)
             if count != self.num_rows:

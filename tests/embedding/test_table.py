@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -131,17 +133,25 @@ def test_the_index_is_built_ahead_in_the_background(monkeypatch):
     original = table_module._IndexBuild
 
     def counted(*args):
-        builds.append(original(*args))
-        return builds[-1]
+        build = original(*args)
+        builds.append((build, build.rows))
+        return build
 
     monkeypatch.setattr(table_module, "_IndexBuild", counted)
     table = PhysicalTable(dim=2, seed=5)
     keys = torch.randperm(200_000) * 104729 - 2**40
-    rows = torch.cat([table.find_or_insert(chunk) for chunk in keys.split(997)])
+    rows = []
+    for chunk in keys.split(997):
+        rows.append(table.find_or_insert(chunk))
+        if table._next_index is not None:
+            time.sleep(2 * table_module.CATCH_UP_S)     # let the build catch up
+    rows = torch.cat(rows)
     # The doublings past 4096 slots (where a chunk of 997 keys no longer
     # crosses both 60% of the limit and the limit) came from builds begun
     # chunks before: 2^13 .. 2^19.
-    assert len(builds) >= 7 and all(b.rows > 0 for b in builds)
+    assert len(builds) >= 7 and all(start > 0 for _, start in builds)
+    # The builds took the keys created while they ran, not only those before.
+    assert all(build.rows > start for build, start in builds)
     assert table.slot_keys.numel() == 2**19
     assert torch.equal(rows, torch.arange(200_000))
     assert torch.equal(table.find(keys), rows)
