@@ -399,6 +399,17 @@ def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch
     return out
 
 
+
+def _hash_map(kernel: str, slot_keys: torch.Tensor, slot_rows: torch.Tensor) -> int:
+    """The slot count of a map's two arrays, checked as `_tensor` checks and
+    for the same length."""
+    _tensor(kernel, "slot_keys", slot_keys, torch.int64, 1)
+    _tensor(kernel, "slot_rows", slot_rows, torch.int64, 1)
+    if slot_rows.shape[0] != slot_keys.shape[0]:
+        raise ValueError(f"cpu_native.{kernel}: slot_keys has {slot_keys.shape[0]} slots "
+                         f"and slot_rows {slot_rows.shape[0]}")
+    return slot_keys.shape[0]
+
 def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
                    keys: torch.Tensor, num_rows: int,
                    insert: bool = True) -> tuple[torch.Tensor, int]:
@@ -441,13 +452,8 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     ```
     """
     kernel = "find_or_insert"
-    _tensor(kernel, "slot_keys", slot_keys, torch.int64, 1)
-    _tensor(kernel, "slot_rows", slot_rows, torch.int64, 1)
+    capacity = _hash_map(kernel, slot_keys, slot_rows)
     _tensor(kernel, "keys", keys, torch.int64, 1)
-    capacity = slot_keys.shape[0]
-    if slot_rows.shape[0] != capacity:
-        raise ValueError(f"cpu_native.find_or_insert: slot_keys has {capacity} slots and "
-                         f"slot_rows {slot_rows.shape[0]}")
     if capacity & (capacity - 1) or capacity == 0:
         raise ValueError(f"cpu_native.find_or_insert: the map's capacity must be a power "
                          f"of two, got {capacity} slots")
@@ -500,12 +506,7 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
     ```
     """
     kernel = "rehash"
-    _tensor(kernel, "slot_keys", slot_keys, torch.int64, 1)
-    _tensor(kernel, "slot_rows", slot_rows, torch.int64, 1)
-    old_capacity = slot_keys.shape[0]
-    if slot_rows.shape[0] != old_capacity:
-        raise ValueError(f"cpu_native.rehash: slot_keys has {old_capacity} slots and "
-                         f"slot_rows {slot_rows.shape[0]}")
+    old_capacity = _hash_map(kernel, slot_keys, slot_rows)
     capacity = _integer(kernel, "capacity", capacity, 1, 2**62)
     rows_below = _integer(kernel, "rows_below", rows_below)
     if capacity & (capacity - 1):
