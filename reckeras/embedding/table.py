@@ -49,6 +49,7 @@ import math
 import mmap
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, ContextManager
 
 import numpy as np
@@ -94,29 +95,36 @@ class _IndexBuild:
         slot_rows: its rows.
         capacity: the new index's slots.
         rows: the table's row count now.
-        created: returns `(row count, keys array)` of the table, in that
-            order: the keys of every row below the count are written.
-        table_name: names the thread.
+        table: a weak reference to the table: a table dropped with a build
+            under way ends it (the thread holds no reference that would keep
+            the table, and itself, alive).
     """
 
-    def __init__(self, slot_keys, slot_rows, capacity, rows, created, table_name):
+    def __init__(self, slot_keys, slot_rows, capacity, rows, table):
         self.rows = rows
         self._outcome = {}
         self._install = threading.Event()
         self._thread = threading.Thread(
-            target=self._build, args=(slot_keys, slot_rows, capacity, created),
-            name=f"reckeras-index-{table_name}", daemon=True)
+            target=self._build, args=(slot_keys, slot_rows, capacity, table),
+            name=f"reckeras-index-{table().name}", daemon=True)
         self._thread.start()
 
-    def _build(self, slot_keys, slot_rows, capacity, created):
+    def _build(self, slot_keys, slot_rows, capacity, table):
         try:
             index = hash_table.rehash(slot_keys, slot_rows, capacity, rows_below=self.rows)
+            del slot_keys, slot_rows          # the old index: freed with the table's
             while True:
-                count, keys = created()
+                held = table()
+                if held is None:
+                    return
+                # The count first: every key below it is in the array read after.
+                count, keys = held.num_rows, held.keys
+                del held
                 if count > self.rows:
                     # Distinct and absent: numbered in row order, each gets its own row.
                     hash_table.find_or_insert(*index, keys[self.rows:count], self.rows)
                     self.rows = count
+                del keys
                 if self._install.wait(CATCH_UP_S):
                     break
             self._outcome["index"] = index
@@ -589,11 +597,7 @@ class PhysicalTable(RowStore):
         elif self._next_index is None and self.num_rows > limit * BUILD_AHEAD_AT and \
                 capacity >= BUILD_AHEAD_FROM_SLOTS and self.device.type == "cpu":
             self._next_index = _IndexBuild(self.slot_keys, self.slot_rows, 2 * capacity,
-                                           self.num_rows, self._created, self.name)
-
-    def _created(self):
-        # The count first: every key below it is in the array read after.
-        return self.num_rows, self.keys
+                                           self.num_rows, weakref.ref(self))
 
     def _install_index(self, capacity):
         """Replaces the index by one of at least `capacity` slots: the

@@ -176,3 +176,20 @@ def test_a_load_during_a_background_build_wins(monkeypatch):
     assert torch.equal(table.keys[table.find(torch.arange(1000, 1030))],
                        torch.arange(1000, 1030))
     assert torch.equal(table.find(torch.arange(2000, 2100)), torch.arange(30, 130))
+
+
+def test_a_table_dropped_during_a_background_build_ends_it(monkeypatch):
+    import gc
+    import threading
+    from reckeras.embedding import table as table_module
+    monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
+    table = PhysicalTable(dim=2, seed=5, name="dropped")
+    table.find_or_insert(torch.arange(50))
+    table.find_or_insert(torch.arange(50, 60))
+    build = table._next_index
+    assert build is not None
+    del table
+    gc.collect()
+    build._thread.join(timeout=5)
+    assert not build._thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "reckeras-index-dropped"]
