@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from workloads import quickstart_model
+
 
 def run(dtype: str, epochs: int, seed: int) -> dict:
     """Trains and evaluates the quickstart with rows of `dtype` (this process).
@@ -38,21 +40,8 @@ def run(dtype: str, epochs: int, seed: int) -> dict:
     keras.utils.set_random_seed(seed)
     train = rk.datasets.load("criteo_synth", split="train")
     test = rk.datasets.load("criteo_synth", split="test")
-    names = [f"C{i}" for i in range(1, 27)]
-    columns = rk.layers.FeatureColumns(
-        [rk.features.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
-        + [rk.features.Categorical(name, dim=16) for name in names])
-    inputs = columns.inputs()
-    dense, sparse = columns(inputs)
-    options = {name: rk.embedding.TableOptions(dtype=dtype) for name in names}
-    emb = rk.layers.ShardedEmbedding(columns, table_options=options)(sparse)
-    x = rk.layers.MLP([512, 256, 16])(dense)
-    z = rk.layers.DotInteraction()([x, emb])
-    out = rk.layers.MLP([512, 256, 1], output_activation="sigmoid")(z)
-    model = rk.Model(inputs, out)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
-                  loss="binary_crossentropy", metrics=[rk.metrics.AUC()])
+    options = {f"C{i}": rk.embedding.TableOptions(dtype=dtype) for i in range(1, 27)}
+    model = quickstart_model(options, metrics=[rk.metrics.AUC()])
     start = time.perf_counter()
     model.fit(train, batch_size=4096, epochs=epochs, verbose=0)
     fit_s = time.perf_counter() - start

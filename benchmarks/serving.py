@@ -35,7 +35,7 @@ import torch
 
 import baselines
 import throughput
-from workloads import WORKLOADS, make_batches, to_arrow
+from workloads import WORKLOADS, make_batches, quickstart_model, to_arrow
 
 BATCHES = (1, 16, 256)
 
@@ -65,24 +65,10 @@ def auc(scores, labels):
 def quickstart_aucs(root, epochs):
     """Test AUC of the README quickstart model (criteo_synth) through the
     predictor, per row precision."""
-    import keras
-
     import reckeras as rk
     train = rk.datasets.load("criteo_synth", split="train")
     test = rk.datasets.load("criteo_synth", split="test").to_table()
-    columns = rk.layers.FeatureColumns(
-        [rk.features.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
-        + [rk.features.Categorical(f"C{i}", dim=16) for i in range(1, 27)])
-    inputs = columns.inputs()
-    dense, sparse = columns(inputs)
-    emb = rk.layers.ShardedEmbedding(columns)(sparse)
-    x = rk.layers.MLP([512, 256, 16])(dense)
-    out = rk.layers.MLP([512, 256, 1], output_activation="sigmoid")(
-        rk.layers.DotInteraction()([x, emb]))
-    model = rk.Model(inputs, out)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
-                  loss="binary_crossentropy")
+    model = quickstart_model()
     model.fit(train, batch_size=4096, epochs=epochs, verbose=0)
     labels = test.column("label").to_numpy()
     aucs = {}

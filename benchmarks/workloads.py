@@ -174,3 +174,33 @@ def to_arrow(batches, workload):
     columns.update({f"C{f + 1}": pa.array(ids[:, f]) for f in range(workload.num_fields)})
     columns["label"] = pa.array(labels)
     return pa.table(columns)
+
+
+def quickstart_model(table_options=None, metrics=()):
+    """The README quickstart's DLRM on criteo_synth's columns, compiled as
+    there (`examples/quickstart.py`), for the benchmarks that train it.
+
+    Args:
+        table_options: `ShardedEmbedding`'s `table_options` (None: defaults).
+        metrics: `compile`'s metrics.
+
+    Returns:
+        The compiled `rk.Model`.
+    """
+    import reckeras as rk  # first: selects Keras's torch backend
+
+    import keras
+    columns = rk.layers.FeatureColumns(
+        [rk.features.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
+        + [rk.features.Categorical(f"C{i}", dim=16) for i in range(1, 27)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    emb = rk.layers.ShardedEmbedding(columns, table_options=table_options)(sparse)
+    x = rk.layers.MLP([512, 256, 16])(dense)
+    z = rk.layers.DotInteraction()([x, emb])
+    out = rk.layers.MLP([512, 256, 1], output_activation="sigmoid")(z)
+    model = rk.Model(inputs, out)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
+                  loss="binary_crossentropy", metrics=list(metrics))
+    return model
