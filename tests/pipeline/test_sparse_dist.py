@@ -132,11 +132,12 @@ def test_after_a_peer_failure_no_exchange_runs_and_queued_batches_fail_with_it()
 def test_leaving_on_a_peer_failure_cancels_the_exchanges_not_started():
     # The step's own collective failed while the stage is inside batch 2's
     # exchange (which times out soon after) and batch 3 waits behind it.
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     class SlowEngine(RecordingEngine):
         def route_ahead(self, ids, offsets, training):
             if ids == 2:
+                started.set()
                 release.wait()
             return super().route_ahead(ids, offsets, training)
 
@@ -145,6 +146,9 @@ def test_leaving_on_a_peer_failure_cancels_the_exchanges_not_started():
         with SparseDist([layer], training=True) as stage:
             for batch in stage.ahead(items(5)):
                 if batch.inputs["x"] == 2:
+                    # The step is handed batch 2 once it is submitted; the
+                    # worker may not have begun its exchange yet.
+                    assert started.wait(timeout=5)
                     threading.Timer(0.2, release.set).start()
                     raise PeerFailureError("the training step's exchange of embedding rows")
                 batch.routes[layer].result()
