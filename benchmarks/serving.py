@@ -12,10 +12,12 @@ the dlrm artifact's size and the test AUC of the README quickstart model
 (criteo_synth) through the predictor, against float32's.
 
 Beside them it times the dense network alone: the model's bottom MLP, dot
-interaction and top MLP as plain torch modules (`baselines._FloorModel`, the
-throughput benchmark's floor) on constant embeddings, under
-`torch.inference_mode`. No predictor that computes this float32 network can
-take less, so `model.predict` over that time bounds the predictor's speed-up.
+interaction and top MLP as plain eager torch modules (`baselines._FloorModel`,
+the throughput benchmark's floor) on constant embeddings, under
+`torch.inference_mode`: what a hand-written torch server spends on the network
+before any encoding or lookup. (The predictor runs the same float32 network
+on prepacked oneDNN weights, `reckeras.serving.packed_linear`, so it can take
+less.)
 
     python benchmarks/serving.py [--calls 200] [--threads 1] [--auc-epochs 1]
 """
