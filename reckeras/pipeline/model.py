@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from reckeras import _keras_compat, distributed
 from reckeras import optimizers as sparse_optimizers
+from reckeras.backend_kernels import dense_matmul
 from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
@@ -103,19 +104,21 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         and each embedding layer fed by it gets the routes the sparse-dist
         stage planned for it. Every other layer is called as usual.
         """
-        flat = self.inputs_as_declared(inputs)
-        columns = self.feature_columns
-        if flat is None or not columns.built:
-            return self(inputs, training=training)
-        prepared = self._prepared if self._prepared is not None \
-            and self._prepared.inputs is inputs else None
-        replace = {columns: prepared_output(prepared) if prepared else columns.pack}
-        if prepared is not None:
-            for layer, future in prepared.routes.items():
-                replace[layer] = functools.partial(layer, training=training,
-                                                   routed=future.result())
-        outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
-        return self(inputs, training=training) if outputs is None else outputs
+        # Keras's Dense matmuls run in oneDNN on CPU (backend_kernels.dense_matmul).
+        with dense_matmul.routed_to_onednn():
+            flat = self.inputs_as_declared(inputs)
+            columns = self.feature_columns
+            if flat is None or not columns.built:
+                return self(inputs, training=training)
+            prepared = self._prepared if self._prepared is not None \
+                and self._prepared.inputs is inputs else None
+            replace = {columns: prepared_output(prepared) if prepared else columns.pack}
+            if prepared is not None:
+                for layer, future in prepared.routes.items():
+                    replace[layer] = functools.partial(layer, training=training,
+                                                       routed=future.result())
+            outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
+            return self(inputs, training=training) if outputs is None else outputs
 
     @contextlib.contextmanager
     def _running(self, batch):

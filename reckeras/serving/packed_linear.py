@@ -15,33 +15,17 @@ The export also holds what Keras's `convert_to_tensor` leaves: an
 `aten.to` to the dtype the tensor already has and its metadata assert. The
 rewrite drops those that the export's own shapes prove to be no-ops.
 
-Where torch lacks oneDNN the program is left as exported.
+Where torch lacks oneDNN (`backend_kernels.dense_matmul.available`) the
+program is left as exported.
 """
 
 from __future__ import annotations
 
 import torch
 
+from reckeras.backend_kernels import dense_matmul
+
 _aten = torch.ops.aten
-
-
-def available() -> bool:
-    """Whether torch has the oneDNN linear the rewrite emits.
-
-    Returns:
-        True when `torch.ops.mkldnn._linear_pointwise` and the weight reorder
-        exist and oneDNN is usable on this CPU.
-
-    Example:
-
-    ```python
-    available()   # True on an x86 build of torch
-    ```
-    """
-    mkldnn = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available()
-            and hasattr(mkldnn, "_linear_pointwise")
-            and hasattr(mkldnn, "_reorder_linear_weight"))
 
 
 def pack_linear_layers(program: torch.fx.GraphModule) -> int:
@@ -63,7 +47,7 @@ def pack_linear_layers(program: torch.fx.GraphModule) -> int:
     pack_linear_layers(module)   # 6 for the dlrm model
     ```
     """
-    if not available():
+    if not dense_matmul.available():
         return 0
     graph = program.graph
     _drop_noop_conversions(program)

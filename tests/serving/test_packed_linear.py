@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from reckeras.backend_kernels import dense_matmul
 from reckeras.serving import packed_linear
 
-pytestmark = pytest.mark.skipif(not packed_linear.available(),
+pytestmark = pytest.mark.skipif(not dense_matmul.available(),
                                 reason="torch without oneDNN")
 
 MKLDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default
@@ -103,7 +104,7 @@ def test_an_add_that_is_not_the_bias_and_a_shared_output_stay_outside():
 
 
 def test_without_onednn_the_program_is_left_as_exported(monkeypatch):
-    monkeypatch.setattr(packed_linear, "available", lambda: False)
+    monkeypatch.setattr(dense_matmul, "available", lambda: False)
     program = exported(DenseStack([3, 2]), torch.randn(2, 3))
     before = program.code
     assert packed_linear.pack_linear_layers(program) == 0
