@@ -26,7 +26,7 @@ import contextlib
 from typing import Iterator
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.overrides import TorchFunctionMode
 
 
@@ -80,13 +80,33 @@ class OneDNNMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        """`x @ kernel`; keeps both for the backward.
+
+        Args:
+            ctx: torch's context of this call.
+            x: float32 `[..., i]` CPU tensor.
+            kernel: float32 `[i, o]` CPU tensor.
+
+        Returns:
+            Float32 `[..., o]`.
+        """
         ctx.save_for_backward(x, kernel)
         return linear(x, kernel.t())
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The gradients of `x` and `kernel` (those that are needed).
+
+        Args:
+            ctx: the context `forward` filled.
+            grad: float32 `[..., o]`, the gradient of the output.
+
+        Returns:
+            `(grad_x, grad_kernel)`, None for an input that needs none.
+        """
         x, kernel = ctx.saved_tensors
         grad_x = grad_kernel = None
         if ctx.needs_input_grad[0]:
