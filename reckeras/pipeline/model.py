@@ -104,9 +104,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         and each embedding layer fed by it gets the routes the sparse-dist
         stage planned for it. Every other layer is called as usual.
         """
+        flat = self.inputs_as_declared(inputs)      # outside: one check per input
         # Keras's Dense matmuls run in oneDNN on CPU (backend_kernels.dense_matmul).
         with dense_matmul.routed_to_onednn():
-            flat = self.inputs_as_declared(inputs)
             columns = self.feature_columns
             if flat is None or not columns.built:
                 return self(inputs, training=training)
