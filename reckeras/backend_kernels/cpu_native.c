@@ -616,10 +616,12 @@ int rk_apply_update(int kind, void *weights, int dtype, float *state, int64_t st
 /* Distinct rows in order of first appearance, and each id's position among
  * them (one thread: the order is the first appearance). ``position`` (one
  * entry per table row, num_rows of them) must hold -1 everywhere on entry;
- * it is restored to -1 before returning. Returns the distinct count, or -1
- * when a row lies outside [0, num_rows) (such rows are skipped). */
+ * it is restored to -1 before returning. It is int32 (n < 2^31): half the
+ * cache lines of int64 for the random accesses into a table-sized array.
+ * Returns the distinct count, or -1 when a row lies outside [0, num_rows)
+ * (such rows are skipped). */
 int64_t rk_unique_rows(const int64_t *rows, int64_t n, int64_t num_rows,
-                       int64_t *position, int64_t *unique, int64_t *unique_index) {
+                       int32_t *position, int64_t *unique, int64_t *unique_index) {
     int64_t count = 0;
     int bad = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -629,7 +631,7 @@ int64_t rk_unique_rows(const int64_t *rows, int64_t n, int64_t num_rows,
         }
         int64_t r = rows[i];
         if ((uint64_t)r >= (uint64_t)num_rows) { bad = 1; continue; }
-        if (position[r] < 0) { position[r] = count; unique[count++] = r; }
+        if (position[r] < 0) { position[r] = (int32_t)count; unique[count++] = r; }
         unique_index[i] = position[r];
     }
     for (int64_t u = 0; u < count; u++) position[unique[u]] = -1;

@@ -64,6 +64,7 @@ _library = None
 _failed = False
 
 _INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _INT = ctypes.c_int
@@ -638,8 +639,8 @@ _positions = threading.local()
 def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`aggregation.unique_rows` in one C loop, rows in order of first appearance.
 
-    A per-thread position buffer of at least `num_rows` entries is kept
-    between calls (all -1 between calls).
+    A per-thread int32 position buffer of at least `num_rows` entries is
+    kept between calls (all -1 between calls).
 
     Args:
         rows: int64 `[n]` row indices, in `[0, num_rows)`.
@@ -651,8 +652,9 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
 
     Raises:
         TypeError: for `rows` not an int64 tensor, or a non-integer `num_rows`.
-        ValueError: for `rows` not 1-D, contiguous and on the CPU, a
-            negative `num_rows`, or a row outside `[0, num_rows)`.
+        ValueError: for `rows` not 1-D, contiguous and on the CPU or of
+            2^31 entries or more, a negative `num_rows`, or a row outside
+            `[0, num_rows)`.
 
     Example:
 
@@ -667,9 +669,12 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     kernel = "unique_rows"
     _tensor(kernel, "rows", rows, torch.int64, 1)
     num_rows = _integer(kernel, "num_rows", num_rows)
+    if rows.shape[0] > _INT32_MAX:
+        raise ValueError(f"cpu_native.{kernel}: rows has {rows.shape[0]} entries, more "
+                         f"than the int32 positions hold (2^31 - 1)")
     position = getattr(_positions, "buffer", None)
     if position is None or position.numel() < num_rows:
-        position = torch.full((max(num_rows, 1024) * 2,), -1, dtype=torch.int64)
+        position = torch.full((max(num_rows, 1024) * 2,), -1, dtype=torch.int32)
         _positions.buffer = position
     unique = torch.empty_like(rows)
     unique_index = torch.empty_like(rows)
