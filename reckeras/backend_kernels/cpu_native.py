@@ -77,7 +77,6 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
                                _PTR, _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
     "rk_unique_rows": (_I64, [_PTR, _I64, _I64, _PTR, _PTR, _PTR]),
-    "rk_mark_written": (_INT, [_PTR, _I64, _PTR, _PTR, _I64, ctypes.c_int32, _INT]),
     "rk_apply_update": (_INT, [_INT, _PTR, _INT, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64,
                                ctypes.c_float, ctypes.c_float, ctypes.c_uint32, _INT]),
 }
@@ -683,50 +682,6 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     if count < 0:
         raise _outside(kernel, "rows", rows, num_rows, "num_rows")
     return unique[:count], unique_index
-
-
-def mark_written(written_at: torch.Tensor, seen_steps: torch.Tensor, rows: torch.Tensor,
-                 generation: int) -> None:
-    """`row_marks.mark_written_reference` in one C loop, in place.
-
-    Args:
-        written_at: int32 `[length]`, each row's generation (the last entry
-            counts row -1).
-        seen_steps: int32 `[length]`, each row's step count, laid out alike.
-        rows: int64 `[n]` rows in `[-1, length - 1)`, repeats allowed.
-        generation: the int32 generation to write.
-
-    Raises:
-        TypeError: for a tensor of another dtype, or a non-integer
-            `generation`.
-        ValueError: for tensors not 1-D, contiguous and on the CPU, of
-            different lengths or empty, a `generation` outside int32, or a
-            row outside `[-1, length - 1)` (then nothing is written).
-
-    Example:
-
-    ```python
-    from reckeras.backend_kernels import cpu_native
-
-    written, seen = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
-    if cpu_native.available():
-        cpu_native.mark_written(written, seen, torch.tensor([2, 0, 2, -1]), 5)
-        written, seen   # (tensor([5, 0, 5, 5]), tensor([1, 0, 1, 1]))
-    ```
-    """
-    kernel = "mark_written"
-    _tensor(kernel, "written_at", written_at, torch.int32, 1)
-    _tensor(kernel, "seen_steps", seen_steps, torch.int32, 1)
-    _tensor(kernel, "rows", rows, torch.int64, 1)
-    generation = _integer(kernel, "generation", generation, -2**31, 2**31 - 1)
-    length = written_at.shape[0]
-    if seen_steps.shape[0] != length or not length:
-        raise ValueError(f"cpu_native.{kernel}: written_at has {length} entries and "
-                         f"seen_steps {seen_steps.shape[0]}: one of each per row, and "
-                         f"the spare last entry of row -1")
-    if library().rk_mark_written(_p(rows), rows.shape[0], _p(written_at), _p(seen_steps),
-                                 length, generation, _threads()) < 0:
-        raise _outside(kernel, "rows", rows + 1, length, "1 + the rows of written_at")
 
 
 UPDATE_KINDS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}

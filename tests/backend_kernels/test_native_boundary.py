@@ -374,47 +374,6 @@ def test_unique_rows(data):
     assert torch.equal(unique[unique_index], rows)
 
 
-# ---- mark_written --------------------------------------------------------------------
-
-WRONG_MARK_DTYPES = [torch.int64, torch.float32, torch.bool, torch.int16]
-
-
-def int32_breaks(tensor):
-    """`tensor_breaks` of an int32 tensor (its sum, the dim less, stays int32)."""
-    return [(how, error, value.to(torch.int32) if how == "with a dim less" else value)
-            for how, error, value in tensor_breaks(tensor, WRONG_MARK_DTYPES)]
-
-
-@FUZZ
-@given(st.data())
-def test_mark_written(data):
-    draw = data.draw
-    length = draw(st.integers(1, 40))
-    rows = int64_tensor(draw, st.integers(-1, length - 2), draw(st.integers(0, 50))
-                        if length > 1 else 0)
-    written = torch.zeros(length, dtype=torch.int32)
-    seen = torch.zeros(length, dtype=torch.int32)
-    args = {"written_at": written, "seen_steps": seen, "rows": rows, "generation": 3}
-    outside = []
-    if rows.numel():
-        for value in (-2, length - 1, length + draw(st.integers(1, 2**40)), INT64_MAX,
-                      INT64_MIN):
-            broken = rows.clone()
-            broken[draw(st.integers(0, rows.numel() - 1))] = value
-            outside.append((f"holding {value} (length {length})", ValueError, broken))
-    shorter = [("one entry shorter", ValueError, seen[:-1].clone())] if length > 1 else []
-    assert_all_refused(cpu_native.mark_written, args, {
-        "written_at": int32_breaks(written),
-        "seen_steps": int32_breaks(seen) + shorter,
-        "rows": tensor_breaks(rows) + outside,
-        "generation": [("past int32", ValueError, 2**31), ("fractional", TypeError, 1.5),
-                       ("a string", TypeError, "3")]}, written, seen)
-    cpu_native.mark_written(**args)
-    distinct = sorted({length - 1 if r < 0 else r for r in rows.tolist()})
-    assert written.nonzero().squeeze(1).tolist() == distinct
-    assert seen.tolist() == [1 if i in distinct else 0 for i in range(length)]
-
-
 # ---- apply_update --------------------------------------------------------------------
 
 KINDS = {"sgd": sparse_optimizers.SGD, "adagrad": sparse_optimizers.ADAGRAD,
