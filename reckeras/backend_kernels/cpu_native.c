@@ -239,74 +239,56 @@ struct probe_args {
 
 static inline int64_t storable(int64_t key) { return key == EMPTY ? EMPTY + 1 : key; }
 
-/* Finds (or, with a->insert, inserts) key i. Returns 0, or -1 when an
- * insert found neither its key nor a free slot (a->full is set). */
-static inline int probe_one(struct probe_args *a, int64_t i) {
-    int64_t key = storable(a->keys[i]);
-    uint64_t slot = home_slot(key, a->shift);
-    for (int64_t probes = 0;; probes++) {
-        /* Every slot seen: the key is absent, and a full map has no slot
-         * for it. Without this bound such a key would probe forever. */
-        if (probes == a->capacity) {
-            a->rows[i] = -1;
-            if (a->insert) { a->full = 1; return -1; }
-            return 0;
-        }
-        int64_t seen = a->slot_keys[slot];
-        if (seen == key) { a->rows[i] = a->slot_rows[slot]; return 0; }
-        if (seen == EMPTY) {
-            if (a->insert) {
-                /* Atomic (plain stores on x86-64): a rehash may read the
-                 * map from another thread meanwhile (see rk_rehash). */
-                __atomic_store_n(&a->slot_keys[slot], key, __ATOMIC_RELAXED);
-                __atomic_store_n(&a->slot_rows[slot], a->num_rows, __ATOMIC_RELAXED);
-                a->rows[i] = a->num_rows++;
-            } else {
-                a->rows[i] = -1;
-            }
-            return 0;
-        }
-        slot = (slot + 1) & a->mask;
-    }
-}
-
-static inline void prefetch_home(const struct probe_args *a, int64_t i) {
-    uint64_t ahead = home_slot(storable(a->keys[i]), a->shift);
-    __builtin_prefetch(&a->slot_keys[ahead], 0, 1);
-    __builtin_prefetch(&a->slot_rows[ahead], 0, 1);
-}
-
 static void probe_range(void *context, int64_t start, int64_t end) {
     struct probe_args *a = (struct probe_args *)context;
     for (int64_t i = start; i < end; i++) {
-        if (i + PREFETCH_AHEAD < end) prefetch_home(a, i + PREFETCH_AHEAD);
-        if (probe_one(a, i) < 0) return;
+        if (i + PREFETCH_AHEAD < end) {
+            uint64_t ahead = home_slot(storable(a->keys[i + PREFETCH_AHEAD]), a->shift);
+            __builtin_prefetch(&a->slot_keys[ahead], 0, 1);
+            __builtin_prefetch(&a->slot_rows[ahead], 0, 1);
+        }
+        int64_t key = storable(a->keys[i]);
+        uint64_t slot = home_slot(key, a->shift);
+        for (int64_t probes = 0;; probes++) {
+            /* Every slot seen: the key is absent, and a full map has no slot
+             * for it. Without this bound such a key would probe forever. */
+            if (probes == a->capacity) {
+                a->rows[i] = -1;
+                if (a->insert) { a->full = 1; return; }
+                break;
+            }
+            int64_t seen = a->slot_keys[slot];
+            if (seen == key) { a->rows[i] = a->slot_rows[slot]; break; }
+            if (seen == EMPTY) {
+                if (a->insert) {
+                    /* Atomic (plain stores on x86-64): a rehash may read the
+                     * map from another thread meanwhile (see rk_rehash). */
+                    __atomic_store_n(&a->slot_keys[slot], key, __ATOMIC_RELAXED);
+                    __atomic_store_n(&a->slot_rows[slot], a->num_rows, __ATOMIC_RELAXED);
+                    a->rows[i] = a->num_rows++;
+                } else {
+                    a->rows[i] = -1;
+                }
+                break;
+            }
+            slot = (slot + 1) & a->mask;
+        }
     }
 }
 
 /* Linear-probing find-or-insert into a map of ``capacity`` (a power of two)
  * slots. New keys get rows num_rows, num_rows+1, ... in order of first
- * appearance. A pure find (insert == 0: absent keys resolve to -1, nothing
- * changes) is split over ``threads``. An insert first runs that find (most
- * keys of a training step have a row already), then, on one thread and in
- * order, probes again only the keys it did not find, inserting them: the
- * same rows as one pass of find-or-insert, with the probes of the found
- * keys in parallel. Returns the new row count, or -1 when an insert found
- * the map full (the keys before that one are inserted). */
+ * appearance, so inserting stays on one thread; a pure find (insert == 0:
+ * absent keys resolve to -1, nothing changes) is split over ``threads``.
+ * Returns the new row count, or -1 when an insert found the map full (the
+ * keys before that one are inserted). */
 int64_t rk_find_or_insert(int64_t *slot_keys, int64_t *slot_rows, int64_t capacity,
                           const int64_t *keys, int64_t n, int64_t *rows,
                           int64_t num_rows, int insert, int threads) {
     struct probe_args a = {slot_keys, slot_rows, capacity, (uint64_t)capacity - 1,
-                           home_shift(capacity), keys, rows, num_rows, 0, 0};
-    parallel_ranges(threads, n, n, probe_range, &a);
-    if (!insert) return a.num_rows;
-    a.insert = 1;
-    for (int64_t i = 0; i < n; i++) {
-        if (i + PREFETCH_AHEAD < n && rows[i + PREFETCH_AHEAD] < 0)
-            prefetch_home(&a, i + PREFETCH_AHEAD);
-        if (rows[i] < 0 && probe_one(&a, i) < 0) return -1;
-    }
-    return a.num_rows;
+                           home_shift(capacity), keys, rows, num_rows, insert, 0};
+    parallel_ranges(insert ? 1 : threads, n, n, probe_range, &a);
+    return a.full ? -1 : a.num_rows;
 }
 
 /* Moves every key of an old map whose row lies in [0, rows_below), with its
