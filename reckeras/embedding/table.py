@@ -44,6 +44,7 @@ update rounds stochastically (`backend_kernels.sparse_optimizers`).
 from __future__ import annotations
 
 import abc
+import atexit
 import contextlib
 import math
 import mmap
@@ -107,6 +108,7 @@ class _IndexBuild:
         self._thread = threading.Thread(
             target=self._build, args=(slot_keys, slot_rows, capacity, table),
             name=f"reckeras-index-{table().name}", daemon=True)
+        _UNDER_WAY.add(self)
         self._thread.start()
 
     def _build(self, slot_keys, slot_rows, capacity, table):
@@ -140,6 +142,20 @@ class _IndexBuild:
         self._install.set()
         self._thread.join()
         return self._outcome.get("index")
+
+
+# The builds whose threads run (a thread holds its build). At exit each is
+# ended and waited for before the interpreter finalizes: a daemon thread left
+# inside a parallel torch op then (the rehash's fills) aborts the process
+# ("terminate called without an active exception", exit code 134) after a
+# training script has finished.
+_UNDER_WAY: "weakref.WeakSet[_IndexBuild]" = weakref.WeakSet()
+
+
+@atexit.register
+def _end_builds_under_way() -> None:
+    for build in list(_UNDER_WAY):
+        build.result()
 
 
 def physical_host_bytes() -> int:

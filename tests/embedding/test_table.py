@@ -193,3 +193,43 @@ def test_a_table_dropped_during_a_background_build_ends_it(monkeypatch):
     build._thread.join(timeout=5)
     assert not build._thread.is_alive()
     assert not [t for t in threading.enumerate() if t.name == "reckeras-index-dropped"]
+
+
+EXITS_DURING_A_BUILD = """
+import threading, time, torch
+from reckeras.backend_kernels import hash_table
+from reckeras.embedding import table as table_module
+real_rehash = hash_table.rehash
+started = threading.Event()
+
+def slow_rehash(*args, **kwargs):
+    # The build is inside parallel torch ops when the script ends.
+    started.set()
+    for _ in range(40):
+        torch.full((20_000_000,), -1, dtype=torch.int64)
+    return real_rehash(*args, **kwargs)
+
+hash_table.rehash = slow_rehash
+table_module.BUILD_AHEAD_FROM_SLOTS = 64
+torch.set_num_threads(2)
+table = table_module.PhysicalTable(dim=2, seed=5)
+table.find_or_insert(torch.arange(50))
+table.find_or_insert(torch.arange(50, 60))
+assert table._next_index is not None
+assert started.wait(10)
+print("leaving while the build runs")
+"""
+
+
+def test_a_process_that_ends_during_a_background_build_exits_cleanly(tmp_path):
+    # Without the exit hook the build's daemon thread, left inside a parallel
+    # torch op, aborted the interpreter's finalization (exit code 134).
+    import subprocess
+    import sys
+    script = tmp_path / "exits_during_a_build.py"
+    script.write_text(EXITS_DURING_A_BUILD)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "leaving while the build runs" in done.stdout
+    assert "terminate called" not in done.stderr
