@@ -63,7 +63,8 @@ def pack_linear_layers(program: torch.fx.GraphModule) -> int:
             continue
         last, bias, activation = node, None, "none"
         following = _only_user(last)
-        if following is not None and following.target is _aten.add.Tensor:
+        if following is not None and following.target is _aten.add.Tensor \
+                and not following.kwargs:                # no alpha
             other = following.args[1] if following.args[0] is last else following.args[0]
             candidate = _constant(program, other)
             if (candidate is not None and candidate.dtype == torch.float32
