@@ -107,8 +107,9 @@ def _drop_noop_conversions(program: torch.fx.GraphModule) -> None:
         if node.target is _aten._assert_tensor_metadata.default:
             if _matches(program, operand, node.kwargs):
                 graph.erase_node(node)
-        elif _conversion_to(node) is not None and \
-                _matches(program, operand, _conversion_to(node)):
+            continue
+        converts_to = _conversion_to(node)
+        if converts_to is not None and _matches(program, operand, converts_to):
             node.replace_all_uses_with(operand)
             graph.erase_node(node)
 
