@@ -4,9 +4,10 @@ Keras's `Dense` (and every layer built on `keras.ops.matmul`) computes
 `torch.matmul(x, kernel)`, which torch sends to MKL's sgemm on CPU. On the
 AMD EPYC machines this project runs on, MKL takes its generic code path and
 oneDNN, which torch also carries and which picks its kernels from the CPU's
-features, runs the same float32 products 2-2.5x faster at the shapes of
-recommender MLPs (batch 2048, 2 threads: `[2048, 8008] @ [8008, 64]` 12.5 ms
-in MKL, 4.9 ms in oneDNN; `[2048, 367] @ [367, 512]` 4.1 ms and 1.7 ms).
+features, runs the same float32 products 1.3-3.4x faster at the shapes of
+recommender MLPs (`python benchmarks/dense_matmul.py`, batch 2048, 2 threads:
+the forward of `[2048, 8008] @ [8008, 64]` 14.3 ms in MKL, 5.8 ms in oneDNN;
+of `[2048, 367] @ [367, 512]` 4.6 ms and 2.4 ms).
 
 `routed_to_onednn()` is the block in which the model's steps run
 (`rk.Model`'s train, test and predict steps): inside it a `torch.matmul` of
