@@ -535,15 +535,23 @@ class HostCachedTable(RowStore):
 
         Args:
             index_rows: int64 host rows (-1: none).
-            training: the rows become dirty, and are marked written in the
-                host tier (a delta checkpoint saves them).
+            training: the rows become dirty.
 
         Returns:
             `(slots, pin)`.
         """
-        if training:
-            self.host.mark_written(index_rows)
         return self.cache.resolve(index_rows, training)
+
+    def mark_written(self, rows: torch.Tensor) -> None:
+        """Marks the host rows of pinned cache slots written in the host
+        tier (`RowStore.mark_written`: a delta checkpoint saves them).
+
+        Args:
+            rows: int64 cache slots a lookup resolved and still pins (-1
+                allowed: no row).
+        """
+        host_rows = torch.where(rows >= 0, self.cache.slot_row[rows.clamp(min=0)], -1)
+        self.host.mark_written(host_rows.to(self.host.device))
 
     def check_fits(self, keys: torch.Tensor, training: bool) -> None:
         """Raises `CacheBudgetError` if one lookup of `keys` cannot fit in the cache.

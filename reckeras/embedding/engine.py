@@ -425,6 +425,7 @@ class EmbeddingEngine:
             deferred._queue(all_finite(checked), update, pin)
 
     def _apply_row_grads(self, store, rows, grads, round_seed):
+        store.mark_written(rows)
         self._checked_optimizer().apply(store.weights, store.state, rows, grads, round_seed)
 
     def route_ahead(self, ids: torch.Tensor, offsets: torch.Tensor,
@@ -814,6 +815,7 @@ class _RowUpdate:
             self.pin)
 
     def _apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
+        self.store.mark_written(rows)
         # The store's arrays are read now: they may have grown since the lookup.
         self.engine._checked_optimizer().apply_pooled(
             self.store.weights, self.store.state, rows, grad_out, unique_index,

@@ -297,6 +297,14 @@ class RowLifecycle(RowStore):
         """
         return self.store.locked()
 
+    def mark_written(self, rows: torch.Tensor) -> None:
+        """The wrapped store's `mark_written`.
+
+        Args:
+            rows: int64 rows of the wrapped store's `weights` (-1: none).
+        """
+        self.store.mark_written(rows)
+
     def place(self, index_rows: torch.Tensor,
               training: bool) -> tuple[torch.Tensor, Pin | None]:
         """The wrapped store's `place`.
