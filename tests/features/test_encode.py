@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import reckeras as rk
 from reckeras.backend_kernels.hashing import hash_strings
 from reckeras.features.encode import FeatureInputError, encode
-from reckeras.features.specs import LENGTHS
+from reckeras.features.specs import LENGTHS, deserialize, serialize
 
 SPECS = [rk.features.Numeric("n", default=2.0),
          rk.features.Categorical("c", dim=4),
@@ -294,3 +294,26 @@ def test_as_tensors_views_one_block_and_the_plan_takes_it_whole():
     assert _stacked(shuffled).data_ptr() != ids[1].data_ptr()
     apart = [torch.arange(3), torch.arange(3)]
     assert torch.equal(_stacked(apart), torch.stack(apart))
+
+
+def test_one_specs_list_over_batches_of_changing_schemas_and_nulls():
+    # encode plans its blocks once per (specs, schema) and keeps the plan:
+    # batches of another schema, or with a null in a block, must still give
+    # what a fresh list of the same specs gives.
+    specs = [rk.features.Categorical(f"c{j}", dim=4) for j in range(3)] + \
+        [rk.features.Numeric(f"f{j}") for j in range(2)]
+    rng = np.random.default_rng(1)
+    clean = _wide_table(rng, 6, 3, 2, 1, False)
+    narrow = clean.set_column(1, "c1", clean.column("c1").cast(pa.int32()))
+    with_null = clean.set_column(0, "c0", pa.array([1, None, 3, 4, 5, 6], pa.int64()))
+    missing = clean.drop_columns(["f1"])
+    for table in (clean, narrow, with_null, clean, narrow, with_null):
+        fresh = [deserialize(serialize(spec)) for spec in specs]    # new objects
+        expected = encode(fresh, table)
+        got = encode(specs, table)
+        assert list(got) == list(expected)
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name])
+    with pytest.raises(FeatureInputError, match="f1"):
+        encode(specs, missing)
+    assert encode(specs, clean)["c1"].tolist() == clean.column("c1").to_pylist()
