@@ -225,6 +225,51 @@ def test_nonfinite_step_discarded_changes_no_row_and_no_state(storage, value,
     assert_same_tables(engine.export_tables(), reference.export_tables())
 
 
+@pytest.mark.parametrize("storage", sorted(STORAGES))
+def test_only_an_applied_update_marks_its_rows_and_counts_each_once(storage,
+                                                                     backward_path):
+    # Rows are marked written and counted seen by the update, on its
+    # distinct rows (the batches repeat ids): a discarded step marks and
+    # counts nothing, and an applied one exactly the rows it changed.
+    plan, engine = make(options_for(storage, lifecycle=False), rk.optimizers.Adam(0.05))
+    raws = list(batches(4, seed=4))
+    for raw in raws[:3]:
+        loss_of(forward(plan, engine, raw)).backward()
+    for store in engine.tables:
+        store.index.next_generation()
+
+    def marks():
+        tables = engine.export_tables()        # host-cached rows written back
+        return [(t["weights"].astype(np.float64), t["seen_steps"].copy(),
+                 s.index.written_at[:s.index.num_rows].numpy().copy())
+                for t, s in zip(tables, engine.tables)]
+
+    before = marks()
+    flat = forward(plan, engine, raws[3])
+    with engine.deferred_updates() as updates:
+        loss_of(flat, poison=2).backward()
+        updates.discard()
+    discarded = marks()
+    for (_, seen, written), (_, seen_now, written_now), store in zip(
+            before, discarded, engine.tables):
+        old = len(seen)                        # rows the step created come after
+        np.testing.assert_array_equal(seen_now[:old], seen)
+        np.testing.assert_array_equal(written_now[:old], written)
+        assert not seen_now[old:].any()        # created: marked, never counted
+        assert (written_now[old:] == store.index.generation).all()
+    loss_of(forward(plan, engine, raws[3])).backward()
+    touched = 0
+    for (weights, seen, _), (weights_now, seen_now, written_now), store in zip(
+            discarded, marks(), engine.tables):
+        changed = (weights_now != weights).any(axis=1)
+        counted = seen_now - seen
+        assert set(np.unique(counted)) <= {0, 1}
+        np.testing.assert_array_equal(counted.astype(bool), changed)
+        np.testing.assert_array_equal(written_now == store.index.generation, changed)
+        touched += int(changed.sum())
+    assert touched > 0
+
+
 def test_leaving_the_block_without_apply_discards_and_unpins():
     plan, engine = make(STORAGES["host_cached"], rk.optimizers.RowWiseAdagrad(0.2))
     raws = list(batches(4, seed=3))
