@@ -487,11 +487,12 @@ def as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     for name, value in inputs.items():
         base = value.base
         block = blocks.get(id(base))
-        if block is None and _is_column(value, base):
-            # Every column a view of one tensor, made in one call.
+        if block is None and isinstance(base, np.ndarray) and base.ndim == 2 and \
+                base.flags.f_contiguous:
+            # A column-major matrix: every column a view of one tensor, made in one call.
             block = blocks[id(base)] = (base.ctypes.data, torch.from_numpy(
                 np.require(base, requirements="W")).unbind(1))
-        if block is not None and _is_column(value, base, checked_base=True):
+        if block is not None and _is_column(value, base):
             address, columns = block
             tensors[name] = columns[(value.ctypes.data - address) // base.strides[1]]
         else:
@@ -499,12 +500,9 @@ def as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _is_column(value: np.ndarray, base: Any, checked_base: bool = False) -> bool:
+def _is_column(value: np.ndarray, base: np.ndarray) -> bool:
     """Whether `value` is a whole column of `base`, a column-major matrix
-    (nothing else is taken as one; `checked_base`: `base` is known to be one)."""
-    if not checked_base and not (isinstance(base, np.ndarray) and base.ndim == 2 and
-                                 base.flags.f_contiguous):
-        return False
+    (nothing else is taken as one)."""
     return value.ndim == 1 and base.dtype == value.dtype and \
         value.shape[0] == base.shape[0] and value.strides == base.strides[:1]
 
