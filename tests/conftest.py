@@ -1,3 +1,13 @@
+import os
+
+# The Triton kernels run in Triton's interpreter on CPU tensors unless the
+# suite runs on a GPU (RECKERAS_TEST_DEVICE=cuda, benchmarks/gpu_check.sh).
+# triton.language makes its functions (tl.sum, tl.max, ...) interpreted or
+# compiled when it is first imported, and torch imports it: so this is set
+# before anything imports torch.
+if os.environ.get("RECKERAS_TEST_DEVICE", "cpu") == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
 # reckeras selects Keras's torch backend; import it before any test module
 # imports keras (Keras reads its backend once, at first import).
-import reckeras  # noqa: F401
+import reckeras  # noqa: E402, F401

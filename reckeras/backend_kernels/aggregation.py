@@ -30,8 +30,7 @@ import torch
 
 from reckeras import ragged
 from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
-                                               next_power_of_2, reduce_max, reduce_sum,
-                                               use_native, use_triton)
+                                               next_power_of_2, use_native, use_triton)
 
 TILE = 2048           # elements of one program's [GROUPS, BLOCK_N, BLOCK_D] tile
 MAX_BLOCK_N = 16      # ids per step of a segment
@@ -246,7 +245,7 @@ def _segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends
     scale[order[j]]`; else it is `source[j]`.
     """
     acc = tl.full([GROUPS, BLOCK_D], 0.0, tl.float32)
-    longest = reduce_max(ends - starts, 0)
+    longest = tl.max(ends - starts, 0)
     for first in range(0, longest, BLOCK_N):
         j = starts[:, None] + first + tl.arange(0, BLOCK_N)[None, :]
         live = j < ends[:, None]
@@ -259,7 +258,7 @@ def _segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends
             scale = live.to(tl.float32)
         values = tl.load(source_ptr + row[:, :, None] * dim + cols[None, None, :],
                          mask=live[:, :, None] & in_row[None, None, :], other=0.0)
-        acc += reduce_sum(values.to(tl.float32) * scale[:, :, None], 1)
+        acc += tl.sum(values.to(tl.float32) * scale[:, :, None], 1)
     return acc
 
 

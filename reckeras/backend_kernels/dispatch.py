@@ -9,17 +9,18 @@ Triton kernels are written as plain functions marked with `@kernel` and
 annotated with this module's `constexpr`; the first launch of any kernel of a
 module (`TritonKernels.ready`) imports triton and turns every marked function
 of that module into a `triton.jit` function in place. So importing reckeras
-defines no kernel, and `TRITON_INTERPRET` (read by `triton.jit`) may be set
-any time before the first launch.
+defines no kernel. Kernels use only Triton's public language (`tl.sum`,
+`tl.max`, ...).
 
 Tests send CPU tensors down the Triton route with `triton_on_cpu()`, in
 Triton's interpreter, to check a caller's Triton path on a machine without a
-GPU.
+GPU. The interpreter needs `TRITON_INTERPRET=1` before `triton` is first
+imported (torch imports it): `triton.language` makes its own functions
+interpreted or compiled then, once (`interpreted()` tells which).
 """
 
 import contextlib
 import importlib.util
-import os
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -80,18 +81,20 @@ def triton_on_cpu() -> Iterator[None]:
     For tests: inside the block every entry point takes its Triton route for
     CPU tensors as it does for CUDA tensors, so a caller's Triton path (for
     example `features.plan.TransformPlan`'s) runs on a machine without a
-    GPU. `TRITON_INTERPRET=1` must be set before the first kernel launch of
-    the process. The switch is process-wide: do not use it while other
-    threads run kernels.
+    GPU. `TRITON_INTERPRET=1` must be set before `triton` is first imported
+    (torch imports it, so before `import torch`): Triton's own functions
+    (`tl.sum`, `tl.max`, ...) are made interpreted or compiled when
+    `triton.language` is imported. The switch is process-wide: do not use
+    it while other threads run kernels.
 
     Raises:
-        RuntimeError: when Triton is not installed or `TRITON_INTERPRET` is
-            not `1`.
+        RuntimeError: when Triton is not installed, or `triton.language` was
+            imported without `TRITON_INTERPRET=1`.
 
     Example:
 
     ```python
-    os.environ["TRITON_INTERPRET"] = "1"
+    # TRITON_INTERPRET=1 python -m pytest ...   (set before torch is imported)
     with dispatch.triton_on_cpu():
         packed = plan.packed_sparse(cpu_inputs)     # the Triton kernels ran
     ```
@@ -99,14 +102,41 @@ def triton_on_cpu() -> Iterator[None]:
     global _triton_on_cpu
     if not TRITON_AVAILABLE:
         raise RuntimeError("triton_on_cpu() needs triton installed")
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not interpreted():
         raise RuntimeError("triton_on_cpu() runs Triton's interpreter: set "
-                           "TRITON_INTERPRET=1 before the first kernel launch")
+                           "TRITON_INTERPRET=1 before triton is first imported "
+                           "(torch imports it: set it before `import torch`)")
     previous, _triton_on_cpu = _triton_on_cpu, True
     try:
         yield
     finally:
         _triton_on_cpu = previous
+
+
+def interpreted() -> bool:
+    """Whether Triton's language was set up for its interpreter.
+
+    `triton.language` makes its own functions (`tl.sum`, `tl.max`, ...)
+    interpreted or compiled once, when it is imported, by
+    `TRITON_INTERPRET`; kernels calling them run in the interpreter only if
+    that variable was `1` then.
+
+    Returns:
+        True when Triton is installed and its language was imported (now, if
+        it was not yet) in interpreter mode.
+
+    Example:
+
+    ```python
+    if not dispatch.interpreted():
+        print("set TRITON_INTERPRET=1 before importing torch")
+    ```
+    """
+    if not TRITON_AVAILABLE:
+        return False
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.sum, InterpretedFunction)
 
 
 class constexpr:  # noqa: N801 - read by name, as triton.language.constexpr
@@ -215,55 +245,6 @@ class TritonKernels:
                     value, do_not_specialize=value.__triton_do_not_specialize__)
             ns[name] = _JITTED[value]
         return ns
-
-
-# Reductions of kernels go through triton's own combine functions, which the
-# interpreter recognises (and runs as numpy's): when triton was imported
-# before TRITON_INTERPRET was set (torch._dynamo imports it), `tl.sum` and
-# friends stay compiled-mode functions that the interpreter cannot call.
-# (Their type hints are strings: Triton reads a kernel's annotations.)
-
-@kernel
-def reduce_sum(x: "tl.tensor", axis: constexpr) -> "tl.tensor":
-    """`tl.sum` inside a kernel, in compiled and interpreted mode alike.
-
-    Args:
-        x: the block to reduce.
-        axis: the axis reduced.
-
-    Returns:
-        The sums.
-
-    Example:
-
-    ```python
-    count = reduce_sum(present.to(tl.int64), 0)
-    ```
-    """
-    return tl.reduce(x, axis, tl.standard._sum_combine)
-
-
-@kernel
-def reduce_max(x: "tl.tensor", axis: constexpr) -> "tl.tensor":
-    """`tl.max` inside a kernel, in compiled and interpreted mode alike.
-
-    Args:
-        x: the block to reduce.
-        axis: the axis reduced.
-
-    Returns:
-        The maxima.
-
-    Example:
-
-    ```python
-    longest = reduce_max(lengths, 0)
-    ```
-    """
-    return tl.reduce(x, axis, tl.standard._elementwise_max)
-
-
-_triton = TritonKernels(globals())
 
 
 def next_power_of_2(n: int) -> int:

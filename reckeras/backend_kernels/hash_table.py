@@ -30,8 +30,7 @@ by one call; everything above the map only relies on that mapping.
 import torch
 
 from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               kernel, reduce_sum, use_native,
-                                               use_triton)
+                                               kernel, use_native, use_triton)
 from reckeras.backend_kernels.hashing import GOLDEN
 
 EMPTY = -(2**63)          # a key equal to EMPTY is stored as EMPTY + 1
@@ -273,7 +272,7 @@ def _insert_kernel(slot_keys_ptr, keys_ptr, slots_ptr, claimed_ptr, n, mask, shi
     slot = _home_slot(key, mask, shift)
     claimed = tl.full([BLOCK], 0, tl.int1)
     pending = live
-    while reduce_sum(pending.to(tl.int32), 0) > 0:
+    while tl.sum(pending.to(tl.int32), 0) > 0:
         seen = tl.load(slot_keys_ptr + slot, mask=pending, other=0)
         attempt = pending & (seen == _EMPTY)
         # atomic_cas takes no mask: the other lanes swap EMPTY for EMPTY,
@@ -299,7 +298,7 @@ def _find_kernel(slot_keys_ptr, slot_rows_ptr, keys_ptr, rows_ptr, n, mask, shif
     slot = _home_slot(key, mask, shift)
     found = tl.full([BLOCK], 0, tl.int1)
     pending = live
-    while reduce_sum(pending.to(tl.int32), 0) > 0:
+    while tl.sum(pending.to(tl.int32), 0) > 0:
         seen = tl.load(slot_keys_ptr + slot, mask=pending, other=_EMPTY)
         hit = pending & (seen == key)
         found = found | hit

@@ -31,8 +31,7 @@ from typing import Any
 import torch
 
 from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
-                                               next_power_of_2, reduce_max, reduce_sum,
-                                               use_triton)
+                                               next_power_of_2, use_triton)
 from reckeras.backend_kernels.pooling import sequence_positions
 
 FORWARD_BLOCK = 64      # queries (and keys per step) of a forward program
@@ -235,10 +234,10 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, out_ptr, lse_ptr, heads,
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             scores = tl.where(_allowed(rows, keys, length, CAUSAL), scores,
                               float("-inf"))
-            new_best = tl.maximum(best, reduce_max(scores, 1))
+            new_best = tl.maximum(best, tl.max(scores, 1))
             decay = tl.exp(best - new_best)
             p = tl.exp(scores - new_best[:, None])
-            total = total * decay + reduce_sum(p, 1)
+            total = total * decay + tl.sum(p, 1)
             acc = acc * decay[:, None] + tl.dot(p.to(v.dtype), v,
                                                 input_precision=PRECISION)
             best = new_best

@@ -48,7 +48,7 @@ from reckeras.backend_kernels.aggregation import (MAX_BLOCK_N, _segment_tile,
                                                   groups_per_program, ids_per_step,
                                                   segment_sums, split_segments)
 from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
-                                               next_power_of_2, reduce_sum, use_native,
+                                               next_power_of_2, use_native,
                                                use_triton)
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM, ADAMW = range(5)
@@ -266,7 +266,7 @@ def _update_kernel(weights_ptr, state_ptr, rows_ptr, source_ptr, source_row_ptr,
         tl.store(s_ptr[:, None] + cols[None, :], s, mask=inside)
         w = w - lr * g / (tl.sqrt(s) + eps)
     elif KIND == 2:
-        s = tl.load(s_ptr, mask=valid, other=0.0) + reduce_sum(g * g, 1) / dim
+        s = tl.load(s_ptr, mask=valid, other=0.0) + tl.sum(g * g, 1) / dim
         tl.store(s_ptr, s, mask=valid)
         w = w - lr * g / (tl.sqrt(s) + eps)[:, None]
     else:

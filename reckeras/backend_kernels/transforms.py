@@ -30,7 +30,7 @@ import torch
 
 from reckeras import ragged
 from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               kernel, reduce_sum, use_triton)
+                                               kernel, use_triton)
 from reckeras.backend_kernels.hashing import (COMBINE, _mix64_bits,
                                               hash_combine_reference, mix64_reference)
 
@@ -190,8 +190,8 @@ def _bucketize_kernel(values_ptr, boundaries_ptr, out_ptr, per_feature, total, w
         valid = live[:, None] & (k < width)[None, :]
         bound = tl.load(boundaries_ptr + row[:, None] + k[None, :], mask=valid,
                         other=float("inf"))
-        count += reduce_sum((valid & (bound <= finite[:, None])).to(tl.int64), 1)
-        real += reduce_sum((bound <= _FLOAT32_MAX).to(tl.int64), 1)
+        count += tl.sum((valid & (bound <= finite[:, None])).to(tl.int64), 1)
+        real += tl.sum((bound <= _FLOAT32_MAX).to(tl.int64), 1)
     count = tl.where(value != value, real + 1, count)             # NaN: missing bucket
     tl.store(out_ptr + offs, count, mask=live)
 

@@ -296,8 +296,6 @@ def triton_route(monkeypatch):
     kernels by name."""
     if not TRITON_AVAILABLE:
         pytest.skip("triton not installed")
-    if DEVICE.type == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     counts = collections.Counter()
     namespace = transforms._triton.ready()
     for name, fn in list(namespace.items()):
