@@ -74,16 +74,24 @@ class Measurement:
     loss: float
 
 
-def _timed_steps(batches, warmup, train_step):
-    """Runs `train_step(batch) -> loss tensor` on every batch, timing the last ones."""
+def _synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_steps(batches, warmup, train_step, device="cpu"):
+    """Runs `train_step(batch) -> loss tensor` on every batch, timing the last ones
+    (on a GPU, up to the end of their kernels)."""
     if not 0 < warmup < len(batches):
         raise ValueError(f"warmup must be in [1, {len(batches) - 1}], got {warmup}")
     for batch in batches[:warmup]:
         train_step(batch)
-    loss_sum = torch.zeros(())
+    loss_sum = torch.zeros((), device=device)
+    _synchronize(device)
     start = time.perf_counter()
     for batch in batches[warmup:]:
         loss_sum += train_step(batch)
+    _synchronize(device)
     seconds = time.perf_counter() - start
     timed = batches[warmup:]
     examples = sum(len(labels) for _, _, labels in timed)
@@ -157,12 +165,12 @@ class _FloorModel(nn.Module):
         return self.dense_arch(dense, self.embeddings.expand(len(dense), -1, -1))
 
 
-def _dense_floor_step(model, optimizer):
+def _dense_floor_step(model, optimizer, device="cpu"):
     """A train step of a `_FloorModel` (or its DMP wrapper): no ids, one optimizer."""
     def train_step(batch):
         dense, _, labels = batch
-        loss = F.binary_cross_entropy_with_logits(model(torch.from_numpy(dense)),
-                                                  torch.from_numpy(labels))
+        loss = F.binary_cross_entropy_with_logits(
+            model(torch.from_numpy(dense).to(device)), torch.from_numpy(labels).to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -170,7 +178,7 @@ def _dense_floor_step(model, optimizer):
     return train_step
 
 
-def plain_pytorch(workload, batches, warmup, floor=False):
+def plain_pytorch(workload, batches, warmup, floor=False, device="cpu"):
     """Plain PyTorch: one `nn.EmbeddingBag(sparse=True)` per field.
 
     What a PyTorch user writes without a recommender library: a Python loop
@@ -184,6 +192,8 @@ def plain_pytorch(workload, batches, warmup, floor=False):
         warmup: untimed leading steps (at least 1).
         floor: train the dense-only floor instead: the same dense network
             and dense `Adagrad` on constant embeddings (no tables, no ids).
+        device: where the model and its steps run; each batch is copied
+            there from the host, as a user's loop does.
 
     Returns:
         A `Measurement`.
@@ -191,15 +201,16 @@ def plain_pytorch(workload, batches, warmup, floor=False):
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     if floor:
-        model = _FloorModel(workload)
+        model = _FloorModel(workload).to(device)
         optimizer = torch.optim.Adagrad(model.parameters(), lr=LEARNING_RATE)
-        return _timed_steps(batches, warmup, _dense_floor_step(model, optimizer))
-    model = _PerFieldModel(workload)
+        return _timed_steps(batches, warmup, _dense_floor_step(model, optimizer, device),
+                            device)
+    model = _PerFieldModel(workload).to(device)
     dense_optimizer = torch.optim.Adagrad(model.dense_arch.parameters(), lr=LEARNING_RATE)
     sparse_optimizer = torch.optim.Adagrad(model.tables.parameters(), lr=LEARNING_RATE)
 
     def train_step(batch):
-        dense, ids, labels = (torch.from_numpy(array) for array in batch)
+        dense, ids, labels = (torch.from_numpy(array).to(device) for array in batch)
         loss = F.binary_cross_entropy_with_logits(model(dense, ids), labels)
         dense_optimizer.zero_grad(set_to_none=True)
         sparse_optimizer.zero_grad(set_to_none=True)
@@ -208,7 +219,7 @@ def plain_pytorch(workload, batches, warmup, floor=False):
         sparse_optimizer.step()
         return loss.detach()
 
-    return _timed_steps(batches, warmup, train_step)
+    return _timed_steps(batches, warmup, train_step, device)
 
 
 def plain_keras(workload, batches, warmup, floor=False):

@@ -64,7 +64,7 @@ def build(fields, cache_rows, device=None, policy="lfu"):
         for s in specs}
     plan = TransformPlan(specs)
     engine = EmbeddingEngine(PackingPlan(plan.slots, plan.sparse_in_declaration_order,
-                                         options), cache_device=device)
+                                         options), device=device)
     engine.set_optimizer(rk.optimizers.RowWiseAdagrad(0.05))
     return plan, engine
 

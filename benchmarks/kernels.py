@@ -8,9 +8,8 @@ and ``wide`` (300 fields) shapes of DESIGN.md, at batch 2048, Zipf ids:
   and transforms all fields at once, ``embedding.engine.EmbeddingEngine``
   resolves the ids in its packed dynamic table and runs ``PooledLookup``,
   whose backward aggregates per unique row and applies ``RowWiseAdagrad``.
-  On CUDA (the engine keeps its tables on the CPU so far) the same kernels
-  run in the engine's order on CUDA tensors, the backward aggregation fused
-  into the update.
+  On CUDA the same kernels run in the engine's order on CUDA tensors, the
+  backward aggregation fused into the update.
 * ``per-feature``: for every field its own hash and mod, its own
   ``embedding`` lookup on its own table, its own backward ``index_add_`` over
   ``torch.unique`` rows and its own row-wise Adagrad update.
@@ -28,13 +27,21 @@ unmapped and faulted in again, as jemalloc/tcmalloc do; it applies to both
 paths.
 
 ``--bandwidth`` (default on CUDA) adds the achieved bandwidth of the lookup,
-aggregation and update kernels against the device's peak (nominal, and a
+aggregation, update and hash-table kernels, at the ``wide`` and ``huge``
+shapes (``huge``: 1000 fields), against the device's peak (nominal, and a
 measured device-to-device copy), for tables of each of ``--row-dtypes``
 (float32 rows by default; float16 and bfloat16 rows read half the bytes and
 are updated with stochastic rounding).
 
+Each bandwidth figure is also printed as ``name=value`` lines:
+``kernel_<shape>_<row dtype>_<kernel>_{us,gbps}`` and, on CUDA,
+``..._of_peak`` (a fraction of the H200's 4.8 TB/s); ``<kernel>`` is
+``lookup``, ``aggregation``, ``update``, ``aggregation_update``, ``find`` or
+``find_or_insert`` (into an empty map: its initialisation is counted).
+
 Usage: ``python benchmarks/kernels.py [--shapes dlrm,wide] [--steps 15]
-[--row-dtypes float32,float16,bfloat16]``
+[--bandwidth-shapes wide,huge] [--row-dtypes float32,float16,bfloat16]
+[--no-compare]``
 """
 
 import argparse
@@ -57,6 +64,7 @@ from reckeras.optimizers import RowWiseAdagrad
 SHAPES = {
     "dlrm": {"vocabs": [100_000] * 8 + [10_000] * 10 + [100] * 8, "dim": 16},
     "wide": {"vocabs": [50_000] * 50 + [5_000] * 100 + [100] * 150, "dim": 8},
+    "huge": {"vocabs": [50_000] * 150 + [5_000] * 350 + [100] * 500, "dim": 8},
 }
 ZIPF_EXPONENT = 1.05
 LEARNING_RATE, EPSILON = 0.05, 1e-8
@@ -234,32 +242,42 @@ def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
     grad_out = torch.rand(n, dim, device=device)
     row_grads = torch.rand(u, dim, device=device)
     per_id = n * (8 + 8 + 4)                       # an id's index, order and weight
+    capacity = slot_keys.numel()
+    # name: (label, kernel, bytes it must move at least)
     figures = {
-        "lookup (gather + pool)": (
+        "lookup": ("lookup (gather + pool)",
             lambda: pooling.pooled_lookup(weights, unique, unique_index, destination,
                                           id_weight, n),
             per_id + n * dim * (value + 4)),
-        "backward aggregation": (
+        "aggregation": ("backward aggregation",
             lambda: aggregate_row_grads(grad_out, unique_index, destination, id_weight, u),
             per_id + n * dim * 4 + u * dim * 4),
-        "row-wise adagrad update": (
+        "update": ("row-wise adagrad update",
             lambda: sparse_optimizers.update(sparse_optimizers.ROWWISE_ADAGRAD, weights,
                                              state, unique, row_grads, LEARNING_RATE,
                                              EPSILON),
             u * (8 + dim * (2 * value + 4) + 4 * 2)),
-        "aggregation + update, fused": (
+        "aggregation_update": ("aggregation + update, fused",
             lambda: sparse_optimizers.aggregate_and_update(
                 sparse_optimizers.ROWWISE_ADAGRAD, weights, state, unique, grad_out,
                 unique_index, destination, id_weight, LEARNING_RATE, EPSILON),
             per_id + n * dim * 4 + u * (8 + dim * value * 2 + 4 * 2)),
-        "hash find (present keys)": (
-            lambda: hash_table.find(slot_keys, slot_rows, keys), n * 8 * 4),
+        "find": ("hash find (present keys)",
+                 lambda: hash_table.find(slot_keys, slot_rows, keys), n * 8 * 4),
+        # Into an empty map each time: its slots are written once (the
+        # initialisation), every key read and probed, every row written.
+        "find_or_insert": ("hash find-or-insert (new keys)",
+                           lambda: hash_table.find_or_insert(
+                               *hash_table.new_slots(capacity, device), keys, 0),
+                           capacity * 16 + n * 8 * 3),
     }
     peak = measured_copy_gbps(device)
+    dtype_name = str(row_dtype).removeprefix("torch.")
     print(f"{name}: {n} ids, {u} unique rows, dim {dim}, {row_dtype} rows; "
           f"device copy {peak:.0f} GB/s"
           + (f", nominal peak {H200_PEAK_GBPS:.0f} GB/s" if device.type == "cuda" else ""))
-    for label, (fn, nbytes) in figures.items():
+    print(f"kernel_{name}_{dtype_name}_copy_gbps={peak:.0f}")
+    for key, (label, fn, nbytes) in figures.items():
         fn()
         seconds = min(timed(fn, device)[0] for _ in range(10))
         gbps = nbytes / seconds / 1e9
@@ -267,6 +285,10 @@ def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
                    if device.type == "cuda" else "")
         print(f"  {label:30s} {seconds * 1e6:10.1f} us {gbps:8.1f} GB/s  {nominal}"
               f"{100 * gbps / peak:5.1f}% of copy", flush=True)
+        prefix = f"kernel_{name}_{dtype_name}_{key}"
+        print(f"{prefix}_us={seconds * 1e6:.1f}\n{prefix}_gbps={gbps:.1f}")
+        if device.type == "cuda":
+            print(f"{prefix}_of_peak={gbps / H200_PEAK_GBPS:.4f}", flush=True)
 
 
 def main():
@@ -278,6 +300,10 @@ def main():
                         help="torch CPU threads (default 1, see the module doc)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shapes", default="dlrm,wide")
+    parser.add_argument("--bandwidth-shapes", default="wide,huge",
+                        help="shapes of the bandwidth figures")
+    parser.add_argument("--no-compare", action="store_true",
+                        help="bandwidth figures only, no fused-against-loop steps")
     parser.add_argument("--bandwidth", action="store_true",
                         help="kernel bandwidth figures (always on CUDA)")
     parser.add_argument("--row-dtypes", default="float32",
@@ -290,12 +316,13 @@ def main():
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", {torch.get_num_threads()} CPU thread(s), glibc malloc "
           + ("tuned (freed blocks stay mapped)" if tuned else "default"), flush=True)
-    shapes = args.shapes.split(",")
     if args.bandwidth or device.type == "cuda":
-        for name in shapes:
+        for name in args.bandwidth_shapes.split(","):
             for row_dtype in args.row_dtypes.split(","):
                 kernel_bandwidth(name, args, device, getattr(torch, row_dtype))
-    speedups = {name: compare(name, args, device) for name in shapes}
+    if args.no_compare:
+        return
+    speedups = {name: compare(name, args, device) for name in args.shapes.split(",")}
     if "wide" in speedups:
         print(f"wide_fused_speedup={speedups['wide']:.2f}")
 

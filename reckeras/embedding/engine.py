@@ -79,8 +79,9 @@ class EmbeddingEngine:
             None means `1 / sqrt(dim)` of each table.
         seed: seed of the rows' initial values and of the stochastic
             rounding of half-precision rows.
-        cache_device: device of the `host_cached` tables' caches (default:
-            CUDA when available, else CPU).
+        device: the device the lookups run on: where `"device"` tables keep
+            their rows and `host_cached` tables their caches (their host
+            rows stay in CPU memory). Default: CUDA when available, else CPU.
 
     Example:
 
@@ -101,12 +102,12 @@ class EmbeddingEngine:
     """
 
     def __init__(self, packing: PackingPlan, init_scale: float | None = None,
-                 seed: int = 0, cache_device: str | torch.device | None = None):
+                 seed: int = 0, device: str | torch.device | None = None):
         self.packing = packing
         self.seed = seed
-        cache_device = cache_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # One row store per physical table (distinct dim), in packing order.
-        self.tables = [self._store(group, init_scale, seed, cache_device)
+        self.tables = [self._store(group, init_scale, seed, device)
                        for group in range(len(packing.dims))]
         self.step = 0          # training lookups so far (the lifecycle's clock)
         self.optimizer = None
@@ -121,7 +122,7 @@ class EmbeddingEngine:
         self._device = torch.device("cpu")     # of the latest lookup's ids
         self._window_start = None      # (rows, evicted) at begin_window
 
-    def _store(self, group, init_scale, seed, cache_device):
+    def _store(self, group, init_scale, seed, device):
         plan = self.packing
         dim, names = plan.dims[group], plan.group_tables[group]
         options = plan.group_options[group]
@@ -132,10 +133,11 @@ class EmbeddingEngine:
                              f"TableOptions dtype, or different dims")
         cached = plan.host_cached(group)
         table = PhysicalTable(dim, init_scale or dim ** -0.5, seed,
+                              device="cpu" if cached else device,
                               name=f"{names} (dim {dim})",
-                              pin_memory=cached and torch.cuda.is_available(),
+                              pin_memory=cached and device.type == "cuda",
                               num_tables=len(names), dtype=row_dtype(options[0].dtype))
-        store = HostCachedTable(table, names, options, cache_device) if cached else table
+        store = HostCachedTable(table, names, options, device) if cached else table
         if any(o.uses_lifecycle for o in options):
             store = RowLifecycle(store, options)
         return store

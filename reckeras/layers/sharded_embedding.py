@@ -7,6 +7,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from reckeras import _keras_compat
 from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.options import TableOptions
 from reckeras.embedding.packing import PackingPlan
@@ -97,7 +98,8 @@ class ShardedEmbedding(keras.layers.Layer):
         self.output_mode = output
         self.init_scale = None if init_scale is None else float(init_scale)
         self.seed = int(seed)
-        self.engine = EmbeddingEngine(self.packing, self.init_scale, self.seed)
+        self.engine = EmbeddingEngine(self.packing, self.init_scale, self.seed,
+                                      device=_keras_compat.keras_device())
         self._output_shapes = {
             s.name: (None, s.dim) if s.pooled else (None, s.max_len, s.dim)
             for s in plan.sparse_in_declaration_order}

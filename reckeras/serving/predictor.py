@@ -74,7 +74,7 @@ class Predictor:
         plan = TransformPlan(specs)
         # Plain tables: admission, eviction and caching are training matters.
         packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order)
-        engine = EmbeddingEngine(packing)
+        engine = EmbeddingEngine(packing, device="cpu")     # requests arrive on the host
         tables = []
         for table, store in enumerate(engine.tables):
             # The files the manifest names (and read_manifest checked).
