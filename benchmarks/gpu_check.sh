@@ -19,6 +19,7 @@
 # and the kernel tests' JUnit report. RESULTS_DIR defaults to $OUT (the
 # device tool's output folder), else /tmp/reckeras_gpu_check.
 #
+# Exits 1 when a stage failed (the others still ran).
 # Usage: docs/kernels.md gives the device tool's command. By hand, on a GPU
 # host: bash benchmarks/gpu_check.sh   (PYTHON=... picks the interpreter)
 set -uo pipefail
@@ -31,6 +32,7 @@ log="$RESULTS_DIR/gpu_check.log"
 results="$RESULTS_DIR/gpu_check_results.txt"
 : > "$log"
 start=$SECONDS
+failed_stages=()
 
 stage() {   # stage NAME LIMIT_S COMMAND...: runs it, logs it, records its status
   local name=$1 limit=$2
@@ -40,9 +42,13 @@ stage() {   # stage NAME LIMIT_S COMMAND...: runs it, logs it, records its statu
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
   local status=${PIPESTATUS[0]}
   echo "stage_${name}_status=$status" | tee -a "$log"
+  [ "$status" = 0 ] || failed_stages+=("$name")
   echo "stage_${name}_s=$((SECONDS - began))" | tee -a "$log"
 }
 
+# Keras's default backend is TensorFlow, which the image lacks: without this
+# even an installed Keras fails to import.
+export KERAS_BACKEND=torch
 # Keras (and namex, optree) from the carried wheels, into a temporary site
 # directory, when the interpreter has none.
 if ! "$PYTHON" -c "import keras" 2>/dev/null; then
@@ -62,8 +68,8 @@ export RECKERAS_TEST_DEVICE=cuda PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 
 "$PYTHON" - <<'PY' 2>&1 | tee -a "$log"
-import keras, numpy, torch, triton
 import reckeras
+import keras, numpy, torch, triton
 print(f"python_torch={torch.__version__}\npython_triton={triton.__version__}")
 print(f"python_keras={keras.__version__}\npython_numpy={numpy.__version__}")
 print(f"cuda_available={torch.cuda.is_available()}")
@@ -100,3 +106,7 @@ stage fit 110 "$PYTHON" benchmarks/gpu_fit.py --repeats 2
 echo "gpu_check_s=$((SECONDS - start))" | tee -a "$log"
 grep -E '^[A-Za-z0-9_]+=' "$log" > "$results"
 echo "results: $results"
+if [ ${#failed_stages[@]} -gt 0 ]; then
+  echo "failed stages: ${failed_stages[*]}"
+  exit 1
+fi
