@@ -5,8 +5,9 @@ unset, and raises `reckeras.BackendError` when Keras already runs another
 backend. Submodules load when first used, and importing reckeras imports no
 Keras: `reckeras.serving` predicts without it. Once Keras is imported,
 reckeras's Keras classes are registered (`keras.models.load_model` finds
-them). It also tunes glibc's allocator for training (see
-`reckeras._allocator`; `RECKERAS_MALLOC_TUNING=0` turns that off).
+them). Options live in `rk.config`, read from `RECKERAS_*` variables at
+first use; importing reckeras changes nothing else in the process (`fit`
+tunes glibc's allocator unless `rk.config.set(malloc_tuning=False)`).
 
 Example:
 
@@ -20,18 +21,16 @@ columns = rk.layers.FeatureColumns([rk.features.Numeric("I1"),
 
 import importlib
 
-from reckeras._allocator import tune_malloc
 from reckeras._backend import BackendError, select_torch_backend
 from reckeras import _lazy
 from reckeras._lazy import after_import
 
 select_torch_backend()
-tune_malloc()
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("callbacks", "datasets", "distributed", "embedding", "features", "layers",
-               "metrics", "models", "optimizers", "serving")
+_SUBMODULES = ("callbacks", "config", "datasets", "distributed", "embedding", "features",
+               "layers", "metrics", "models", "optimizers", "serving")
 _NAMES = {"Model": "reckeras.pipeline.model", "NonFiniteStepError": "reckeras.pipeline.guard"}
 # What registers reckeras's classes with Keras (layers, losses, metrics, the
 # Model): imported as soon as Keras is, so `keras.models.load_model` finds them.

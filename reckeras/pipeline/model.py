@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from reckeras import _keras_compat, distributed
+from reckeras import _allocator, _keras_compat, distributed
 from reckeras import optimizers as sparse_optimizers
 from reckeras.backend_kernels import dense_matmul
 from reckeras.embedding import checkpoint
@@ -675,7 +675,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
 
     def _prepare_to_train(self, data, batch_size):
         """Adapts the columns on `data` if they need it, checks the engines'
-        configs across ranks and gives every rank rank 0's dense weights."""
+        configs across ranks, gives every rank rank 0's dense weights and
+        tunes the allocator for training (`rk.config`'s `malloc_tuning`)."""
+        _allocator.tune_malloc()
         self._adapt_if_needed(data, batch_size)
         for layer in self.embedding_layers:
             layer.engine.connect()            # checks configs agree across ranks
@@ -692,6 +694,11 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             pipeline: bool | str = "auto",
             prefetch_depth: int = 2) -> keras.callbacks.History:
         """Trains the model, with the arguments of `keras.Model.fit`.
+
+        Before training it tunes glibc's allocator for the whole process,
+        so that a step's freed buffers are reused instead of faulted in
+        again (see `docs/performance.md`); `rk.config.set(malloc_tuning=
+        False)` or `RECKERAS_MALLOC_TUNING=0` leaves the allocator alone.
 
         Args:
             x: a reckeras dataset, a pyarrow Table or a dict of arrays.
