@@ -1,13 +1,19 @@
 """reckeras: Keras 3 recommender training on the torch backend.
 
-Importing reckeras selects Keras's torch backend when `KERAS_BACKEND` is
-unset, and raises `reckeras.BackendError` when Keras already runs another
-backend. Submodules load when first used, and importing reckeras imports no
-Keras: `reckeras.serving` predicts without it. Once Keras is imported,
-reckeras's Keras classes are registered (`keras.models.load_model` finds
-them). Options live in `rk.config`, read from `RECKERAS_*` variables at
-first use; importing reckeras changes nothing else in the process (`fit`
-tunes glibc's allocator unless `rk.config.set(malloc_tuning=False)`).
+Submodules load when first used, and importing reckeras imports no Keras:
+`reckeras.serving` predicts without it. Options live in `rk.config`, read
+from the `RECKERAS_*` variables at first use. What importing reckeras does
+to the process, all of it:
+
+* it sets `KERAS_BACKEND=torch` when the variable is unset, and raises
+  `reckeras.BackendError` when Keras already runs another backend;
+* it registers reckeras's Keras classes once Keras is imported, so that
+  `keras.models.load_model` finds them: right away when Keras already is,
+  else one finder on `sys.meta_path` waits for `import keras`, then removes
+  itself (`reckeras._lazy` says why nothing else can).
+
+Training changes more, and says so: `fit` tunes glibc's allocator for the
+process unless `rk.config.set(malloc_tuning=False)`.
 
 Example:
 
