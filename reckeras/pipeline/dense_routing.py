@@ -8,7 +8,8 @@ of the graph, and each reckeras layer of the graph that holds `Dense` layers
 masks, activity losses, `training` from the call context) inside a
 `dense_matmul.RoutedKernels` block that knows only that layer's kernels.
 Nothing else of the forward runs inside such a block, so a user's own layer
-that calls `torch.matmul`, or holds a `Dense` of its own, runs plain torch.
+that calls `torch.matmul`, or holds a `Dense` of its own, runs plain torch
+(as do the layers of a Keras model nested in the graph).
 
 The model decides at its first step and keeps the answer: a built model's
 layers and kernel tensors do not change (Keras assigns weights in place).
