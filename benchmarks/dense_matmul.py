@@ -1,7 +1,8 @@
 """Dense layers' products: torch's matmul (MKL on CPU) against oneDNN.
 
-`rk.Model`'s steps run Keras `Dense` matmuls through
-`reckeras.backend_kernels.dense_matmul` (oneDNN); torch's own
+`rk.Model`'s steps run its own Keras `Dense` matmuls through
+`reckeras.backend_kernels.dense_matmul` (oneDNN; `rk.config`'s `onednn_dense`
+turns it off); torch's own
 `torch.matmul` goes to MKL's sgemm. For the layer shapes of the benchmark
 workloads (batch 2048) this times, side by side and alternating call by
 call, the three products of a training step of one layer: the forward
@@ -19,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-import reckeras  # noqa: F401 - tunes glibc's malloc, as in a training process
+from reckeras._allocator import tune_malloc
 from reckeras.backend_kernels import dense_matmul
 
 # (name, inputs, outputs) of the workloads' Dense layers.
@@ -68,6 +69,7 @@ def main():
         print("torch has no oneDNN here: nothing to compare")
         return
     torch.set_num_threads(args.threads)
+    tune_malloc()               # glibc's malloc as a training process has it (fit tunes it)
     generator = torch.Generator().manual_seed(0)
     print(f"batch {args.batch}, {args.threads} torch threads, median of {args.calls} calls\n")
     print("| layer | product | torch.matmul ms | oneDNN ms | speed-up |")

@@ -20,8 +20,8 @@ line is ``wide_fused_speedup=<ratio>`` (wall clock).
 
 CPU runs use one torch thread by default: on a 2-core machine shared with
 other jobs, a second OpenMP thread waits for a core at every parallel op and
-times swing by 10x. glibc's malloc is tuned by ``import reckeras`` (see
-``reckeras/_allocator.py``; ``RECKERAS_MALLOC_TUNING=0`` turns it off), so
+times swing by 10x. glibc's malloc is tuned here as ``rk.Model.fit`` tunes it
+(see ``reckeras/_allocator.py``; ``RECKERAS_MALLOC_TUNING=0`` turns it off), so
 that freed blocks up to 32 MiB stay mapped for the next step instead of being
 unmapped and faulted in again, as jemalloc/tcmalloc do; it applies to both
 paths.
@@ -311,7 +311,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    tuned = tune_malloc()       # already applied by ``import reckeras``: its status
+    tuned = tune_malloc()       # as fit does (unless RECKERAS_MALLOC_TUNING=0)
     print(f"torch {torch.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", {torch.get_num_threads()} CPU thread(s), glibc malloc "

@@ -23,8 +23,8 @@ process), so a system's step time minus its floor's is what its sparse path
 costs it: its sparse overhead.
 
 Each system runs in a fresh Python process, one after another, so that none
-inherits another's heap, thread pools or process-wide settings: importing
-reckeras tunes glibc's malloc for the whole process (`reckeras._allocator`),
+inherits another's heap, thread pools or process-wide settings: reckeras's
+`fit` tunes glibc's malloc for the whole process (`reckeras._allocator`),
 which a user of a baseline does not get (it made plain Keras ~1.6x faster on
 `dlrm` when the baselines shared reckeras's process). `--same-process`
 runs every system in this process instead, for comparison.

@@ -1,12 +1,19 @@
 """reckeras: Keras 3 recommender training on the torch backend.
 
-Importing reckeras selects Keras's torch backend when `KERAS_BACKEND` is
-unset, and raises `reckeras.BackendError` when Keras already runs another
-backend. Submodules load when first used, and importing reckeras imports no
-Keras: `reckeras.serving` predicts without it. Once Keras is imported,
-reckeras's Keras classes are registered (`keras.models.load_model` finds
-them). It also tunes glibc's allocator for training (see
-`reckeras._allocator`; `RECKERAS_MALLOC_TUNING=0` turns that off).
+Submodules load when first used, and importing reckeras imports no Keras:
+`reckeras.serving` predicts without it. Options live in `rk.config`, read
+from the `RECKERAS_*` variables at first use. What importing reckeras does
+to the process, all of it:
+
+* it sets `KERAS_BACKEND=torch` when the variable is unset, and raises
+  `reckeras.BackendError` when Keras already runs another backend;
+* it registers reckeras's Keras classes once Keras is imported, so that
+  `keras.models.load_model` finds them: right away when Keras already is,
+  else one finder on `sys.meta_path` waits for `import keras`, then removes
+  itself (`reckeras._lazy` says why nothing else can).
+
+Training changes more, and says so: `fit` tunes glibc's allocator for the
+process unless `rk.config.set(malloc_tuning=False)`.
 
 Example:
 
@@ -20,18 +27,16 @@ columns = rk.layers.FeatureColumns([rk.features.Numeric("I1"),
 
 import importlib
 
-from reckeras._allocator import tune_malloc
 from reckeras._backend import BackendError, select_torch_backend
 from reckeras import _lazy
 from reckeras._lazy import after_import
 
 select_torch_backend()
-tune_malloc()
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("callbacks", "datasets", "distributed", "embedding", "features", "layers",
-               "metrics", "models", "optimizers", "serving")
+_SUBMODULES = ("callbacks", "config", "datasets", "distributed", "embedding", "features",
+               "layers", "metrics", "models", "optimizers", "serving")
 _NAMES = {"Model": "reckeras.pipeline.model", "NonFiniteStepError": "reckeras.pipeline.guard"}
 # What registers reckeras's classes with Keras (layers, losses, metrics, the
 # Model): imported as soon as Keras is, so `keras.models.load_model` finds them.

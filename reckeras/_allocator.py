@@ -6,8 +6,9 @@ defaults serve blocks above a dynamic threshold with `mmap` and give them
 back with `munmap` when freed, so every step touches fresh pages and pays a
 page fault per 4 KiB: on the `wide` benchmark workload that was a fifth of
 the step. This is why PyTorch's CPU performance guide suggests jemalloc or
-tcmalloc; reckeras gets the same effect from glibc itself with three
-`mallopt` settings, applied once when reckeras is imported:
+tcmalloc; reckeras gets the same effect from glibc itself with four
+`mallopt` settings, applied when training starts (`rk.Model.fit` and
+`fit_windows` call `tune_malloc`), never at `import reckeras`:
 
 * `M_MMAP_THRESHOLD` 32 MiB (glibc's maximum): smaller blocks come from
   the heap and are reused;
@@ -24,15 +25,18 @@ The process keeps its peak memory until it exits, which is what a training
 job does anyway, with one exception: an embedding table that grows frees
 its old arrays, which at 10^8 rows are gigabytes never needed again, and
 `release_free_memory` hands those pages back to the OS. The settings are
-process-wide. Set
-`RECKERAS_MALLOC_TUNING=0` to leave the allocator alone; on a libc other
-than glibc nothing changes.
+process-wide and stay for the rest of the process: turn the option off with
+`rk.config.set(malloc_tuning=False)` (or `RECKERAS_MALLOC_TUNING=0`) before
+the first `fit` to leave the allocator alone. On a libc other than glibc
+nothing changes. Measured on the `wide` workload: ~5,800 page faults a step
+with glibc's defaults, ~1,000 tuned (docs/performance.md).
 """
 
 import ctypes
 import ctypes.util
-import os
 import platform
+
+from reckeras import config
 
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -45,13 +49,15 @@ _SETTINGS = ((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_MMAP_MAX, 0),
 
 
 def tune_malloc() -> bool:
-    """Applies the `mallopt` settings above to this process.
+    """Applies the `mallopt` settings above to this process, when the
+    `malloc_tuning` option (`rk.config`) is on.
 
-    Does nothing when `RECKERAS_MALLOC_TUNING=0` or the libc is not glibc.
-    `import reckeras` calls it once; calling it again changes nothing.
+    Does nothing when the option is off or the libc is not glibc. `fit`
+    calls it before training; once applied, calling it again changes nothing.
 
     Returns:
-        Whether the settings were applied and glibc accepted them all.
+        Whether the settings are in force (applied now or by an earlier
+        call) and glibc accepted them all.
 
     Example:
 
@@ -61,11 +67,13 @@ def tune_malloc() -> bool:
     tune_malloc()   # True on glibc, False elsewhere
     ```
     """
-    if os.environ.get("RECKERAS_MALLOC_TUNING", "1") == "0":
+    global _tuned_libc
+    if _tuned_libc is not None:
+        return True
+    if not config.options().malloc_tuning:
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    global _tuned_libc
     libc = _glibc()
     tuned = all(libc.mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) == 1
                 for parameter, value in _SETTINGS)

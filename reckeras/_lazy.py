@@ -3,10 +3,20 @@
 `import reckeras` must not import Keras: the serving predictor
 (`reckeras.serving`) runs without it. Yet a model saved with reckeras layers
 loads with `keras.models.load_model` only if those layers are registered with
-Keras, which happens when their modules are imported. So the Keras-facing
-modules are imported as soon as Keras itself is: right away when it already
-is, otherwise by a finder that watches for the first `import keras` and
-imports them after Keras's own module has run.
+Keras, which happens when their modules are imported: Keras resolves a class
+of a package other than its own only through its registry
+(`registered_name`, e.g. `"reckeras>MLP"`), and imports a class's `module`
+only for `keras`, `keras_hub`, `keras_cv` and `keras_nlp`
+(`keras/src/saving/serialization_lib.py`, `_retrieve_class_or_fn`). So the
+Keras-facing modules are imported as soon as Keras itself is: right away when
+it already is, otherwise by a finder that watches for the first
+`import keras` and imports them after Keras's own module has run.
+
+The finder is the one thing `import reckeras` adds to the process when Keras
+is not imported yet: one entry at the front of `sys.meta_path` that answers
+only for the name `keras` (every other import passes it by with a string
+comparison), runs once and removes itself. There is no other way to register
+the classes at the first `import keras` without importing Keras earlier.
 """
 
 from __future__ import annotations
@@ -71,6 +81,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, module: str, callback: Callable[[], None]):
         self.module = module
         self.callback = callback
+
+    def __repr__(self) -> str:
+        return f"<reckeras._lazy: {self.callback.__qualname__}() after import {self.module}>"
 
     def find_spec(self, fullname: str, path: object = None,
                   target: types.ModuleType | None = None

@@ -24,7 +24,9 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-DEFAULT_TIMEOUT_S = 300.0
+from reckeras import config
+
+DEFAULT_TIMEOUT_S = config.Options.timeout_s
 
 
 class PeerFailureError(RuntimeError):
@@ -116,7 +118,7 @@ def init(timeout_s: float | None = None, ranks_per_node: int | None = None,
     global _world
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if timeout_s is None:
-        timeout_s = float(os.environ.get("RECKERAS_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        timeout_s = config.options().timeout_s
     if size > 1 and not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
@@ -126,8 +128,8 @@ def init(timeout_s: float | None = None, ranks_per_node: int | None = None,
     else:
         rank = 0
     if ranks_per_node is None:
-        ranks_per_node = int(os.environ.get("RECKERAS_RANKS_PER_NODE",
-                                            os.environ.get("LOCAL_WORLD_SIZE", size)))
+        ranks_per_node = config.options().ranks_per_node or int(
+            os.environ.get("LOCAL_WORLD_SIZE", size))
     if ranks_per_node < 1 or size % ranks_per_node:
         raise ValueError(f"ranks_per_node={ranks_per_node} must divide the world "
                          f"size {size}")

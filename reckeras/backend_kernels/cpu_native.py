@@ -52,6 +52,8 @@ from pathlib import Path
 
 import torch
 
+from reckeras import config
+
 _SOURCE = Path(__file__).with_name("cpu_native.c")
 _FLAGS = ["-fPIC", "-shared", "-std=gnu99"]
 _OPTIMIZED = ["-O3"]
@@ -88,8 +90,7 @@ ROW_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("RECKERAS_CACHE_DIR",
-                               Path.home() / ".cache" / "reckeras"))
+    return config.options().cache_dir
 
 
 def sanitizing() -> bool:
@@ -106,7 +107,7 @@ def sanitizing() -> bool:
     cpu_native.sanitizing()   # True under scripts/test_sanitized.sh
     ```
     """
-    return os.environ.get("RECKERAS_NATIVE_SANITIZE", "0") == "1"
+    return config.options().native_sanitize
 
 
 def _build(flags: list[str]) -> Path:
@@ -173,7 +174,7 @@ def library() -> ctypes.CDLL | None:
         return _library
     with _lock:
         if _library is None and not _failed:
-            if os.environ.get("RECKERAS_NATIVE", "1") == "0":
+            if not config.options().native_kernels:
                 _failed = True
                 return None
             try:

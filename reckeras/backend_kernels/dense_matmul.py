@@ -9,22 +9,22 @@ recommender MLPs (`python benchmarks/dense_matmul.py`, batch 2048, 2 threads:
 the forward of `[2048, 8008] @ [8008, 64]` 14.3 ms in MKL, 5.8 ms in oneDNN;
 of `[2048, 367] @ [367, 512]` 4.6 ms and 2.4 ms).
 
-`routed_to_onednn()` is the block in which the model's steps run
-(`rk.Model`'s train, test and predict steps): inside it a `torch.matmul` of
-CPU float32 operands whose second operand is a matrix runs as `OneDNNMatmul`,
-forward and backward on `torch.ops.mkldnn._linear_pointwise` (the op torch's
-own compiler emits for CPU linears). Everything else, and every call where
-torch lacks oneDNN, goes to torch unchanged. The arithmetic is float32 as
-before; only the order of the sums differs, so results move by float32
-rounding.
+`RoutedKernels(kernels)` is a block in which a `torch.matmul(x, kernel)` of
+CPU float32 operands, `kernel` one of the given matrices, runs as
+`OneDNNMatmul`, forward and backward on `torch.ops.mkldnn._linear_pointwise`
+(the op torch's own compiler emits for CPU linears). Every other call, a
+product with any other tensor included, goes to torch unchanged. `rk.Model`
+opens it only around its own `Dense` layers, with their kernels
+(`reckeras.pipeline.dense_routing`), so a user's layer that calls
+`torch.matmul` always runs torch's. The arithmetic is float32 as before;
+only the order of the sums differs, so results move by float32 rounding.
 
 The reference is `torch.matmul` itself; tests compare both with float64.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+from collections.abc import Sequence
 
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
@@ -132,30 +132,38 @@ def _routable(x, kernel) -> bool:
             and x.numel() > 0 and kernel.numel() > 0)
 
 
-class _OneDNNMatmuls(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.matmul and len(args) == 2 and not kwargs and _routable(*args):
-            return OneDNNMatmul.apply(*args)
-        return func(*args, **(kwargs or {}))
+class RoutedKernels(TorchFunctionMode):
+    """A block in which `torch.matmul(x, kernel)` runs in oneDNN for the
+    given kernels only: float32 CPU `x` `[..., i]`, `kernel` `[i, o]`,
+    forward and backward (`OneDNNMatmul`).
 
+    A kernel is recognized by identity (the tensor object, as `Dense`
+    passes its kernel variable's value). Enter it only around code that
+    multiplies by those kernels: every torch function called inside the
+    block passes through it. Not for a block that `torch.export` or
+    `torch.compile` traces. Where torch lacks oneDNN (`available()`),
+    nothing is routed.
 
-@contextlib.contextmanager
-def routed_to_onednn() -> Iterator[None]:
-    """Runs the block's `torch.matmul(x, kernel)` calls of float32 CPU
-    tensors (kernel a matrix) in oneDNN, forward and backward.
-
-    A no-op where torch lacks oneDNN. Not for a block that `torch.export`
-    or `torch.compile` traces.
+    Args:
+        kernels: the `[i, o]` matrices whose products are routed.
 
     Example:
 
     ```python
-    with routed_to_onednn():
-        y = keras.layers.Dense(64)(x)       # oneDNN on CPU
+    dense = keras.layers.Dense(64)
+    dense.build((None, 32))
+    with RoutedKernels([dense.kernel.value]):
+        y = dense(x)                    # its matmul in oneDNN on CPU
     ```
     """
-    if not available():
-        yield
-        return
-    with _OneDNNMatmuls():
-        yield
+
+    def __init__(self, kernels: Sequence[torch.Tensor]):
+        super().__init__()
+        # By id, holding the tensors: an id stays theirs while they live.
+        self._kernels = {id(kernel): kernel for kernel in kernels} if available() else {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if (func is torch.matmul and len(args) == 2 and not kwargs
+                and self._kernels.get(id(args[1])) is args[1] and _routable(*args)):
+            return OneDNNMatmul.apply(*args)
+        return func(*args, **(kwargs or {}))

@@ -13,14 +13,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from reckeras import _keras_compat, distributed
+from reckeras import _allocator, _keras_compat, distributed
 from reckeras import optimizers as sparse_optimizers
-from reckeras.backend_kernels import dense_matmul
 from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
-from reckeras.pipeline import guard
+from reckeras.pipeline import dense_routing, guard
 from reckeras.pipeline import stream as streams
 from reckeras.pipeline import windows as windowed
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
@@ -80,6 +79,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         self.nonfinite = "raise"
         self.pipeline_stats = {}
         self._resume_position = None   # set by resume_at, taken by the next fit
+        self._dense_routes = None      # set by the first step (pipeline.dense_routing)
 
     def inputs_as_declared(self, inputs: Any) -> list | None:
         """The flat input list when `inputs` is a dict of exactly the input
@@ -105,20 +105,22 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         stage planned for it. Every other layer is called as usual.
         """
         flat = self.inputs_as_declared(inputs)      # outside: one check per input
-        # Keras's Dense matmuls run in oneDNN on CPU (backend_kernels.dense_matmul).
-        with dense_matmul.routed_to_onednn():
-            columns = self.feature_columns
-            if flat is None or not columns.built:
-                return self(inputs, training=training)
-            prepared = self._prepared if self._prepared is not None \
-                and self._prepared.inputs is inputs else None
-            replace = {columns: prepared_output(prepared) if prepared else columns.pack}
-            if prepared is not None:
-                for layer, future in prepared.routes.items():
-                    replace[layer] = functools.partial(layer, training=training,
-                                                       routed=future.result())
-            outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
-            return self(inputs, training=training) if outputs is None else outputs
+        columns = self.feature_columns
+        if flat is None or not columns.built:
+            return self(inputs, training=training)
+        if self._dense_routes is None:
+            # The model's own Dense matmuls run in oneDNN on CPU: decided once.
+            self._dense_routes = dense_routing.dense_routes(self)
+        prepared = self._prepared if self._prepared is not None \
+            and self._prepared.inputs is inputs else None
+        replace = {**self._dense_routes,
+                   columns: prepared_output(prepared) if prepared else columns.pack}
+        if prepared is not None:
+            for layer, future in prepared.routes.items():
+                replace[layer] = functools.partial(layer, training=training,
+                                                   routed=future.result())
+        outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
+        return self(inputs, training=training) if outputs is None else outputs
 
     @contextlib.contextmanager
     def _running(self, batch):
@@ -675,7 +677,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
 
     def _prepare_to_train(self, data, batch_size):
         """Adapts the columns on `data` if they need it, checks the engines'
-        configs across ranks and gives every rank rank 0's dense weights."""
+        configs across ranks, gives every rank rank 0's dense weights and
+        tunes the allocator for training (`rk.config`'s `malloc_tuning`)."""
+        _allocator.tune_malloc()
         self._adapt_if_needed(data, batch_size)
         for layer in self.embedding_layers:
             layer.engine.connect()            # checks configs agree across ranks
@@ -692,6 +696,11 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             pipeline: bool | str = "auto",
             prefetch_depth: int = 2) -> keras.callbacks.History:
         """Trains the model, with the arguments of `keras.Model.fit`.
+
+        Before training it tunes glibc's allocator for the whole process,
+        so that a step's freed buffers are reused instead of faulted in
+        again (see `docs/performance.md`); `rk.config.set(malloc_tuning=
+        False)` or `RECKERAS_MALLOC_TUNING=0` leaves the allocator alone.
 
         Args:
             x: a reckeras dataset, a pyarrow Table or a dict of arrays.

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reckeras import config
 from reckeras.backend_kernels import cpu_native, hash_table
 from reckeras.backend_kernels.hashing import initial_rows_reference, mix64_reference
 
@@ -276,8 +277,7 @@ def test_a_sanitized_build_that_cannot_be_built_raises(tmp_path, monkeypatch):
     # references; the sanitized one must say so instead of testing nothing.
     monkeypatch.setattr(cpu_native, "_library", None)      # as before the first call
     monkeypatch.setattr(cpu_native, "_failed", False)
-    monkeypatch.setenv("RECKERAS_NATIVE_SANITIZE", "1")
+    config.set(native_sanitize=True, cache_dir=tmp_path / "cache")
     monkeypatch.setenv("CC", str(tmp_path / "no-cc"))
-    monkeypatch.setenv("RECKERAS_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="RECKERAS_NATIVE_SANITIZE=1 but the sanitized"):
         cpu_native.library()
