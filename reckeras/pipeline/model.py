@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -24,7 +23,7 @@ from reckeras.pipeline import guard
 from reckeras.pipeline import stream as streams
 from reckeras.pipeline import windows as windowed
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
-from reckeras.pipeline.declared_inputs import DeclaredInputs
+from reckeras.pipeline.functional import FunctionalGraph
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -44,22 +43,32 @@ class WeightsWithTables(list):
         self.tables = tables
 
 
-@keras.saving.register_keras_serializable(package="reckeras")
-class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
-    """A Keras functional model over `rk.layers.FeatureColumns` inputs.
+class Model(keras.Model):
+    """A Keras model over `rk.layers.FeatureColumns` inputs.
 
-    Built like `keras.Model(inputs, outputs)`. Its `fit`, `evaluate` and
-    `predict` take reckeras datasets (`rk.datasets.load(...)`), pyarrow
-    tables or dicts of arrays, with Keras's arguments (see each method);
-    every batch is validated and encoded by the model's FeatureColumns (a
-    bad batch raises, naming the feature, before any weight or table row
-    changes). Embedding tables are trained by the `embedding_optimizer` given
-    to `compile`; the dense weights by Keras's `optimizer`. A step whose loss
-    or gradients are not finite changes nothing (`compile(nonfinite=...)`).
-    `get_weights`/`set_weights` carry the tables along, so Keras's
-    `EarlyStopping(restore_best_weights=True)` and `BackupAndRestore` restore
-    tables and dense weights of the same epoch; `rk.callbacks.BackupAndRestore`
-    also resumes mid-epoch, under torchrun too (`resume_at`).
+    Built like `keras.Model(inputs, outputs)` (functional), or subclassed:
+    layers made in `__init__` and used in `call`, which receives the dict of
+    encoded inputs (`FeatureColumns.inputs()` names its keys). Its `fit`,
+    `evaluate` and `predict` take reckeras datasets (`rk.datasets.load(...)`),
+    pyarrow tables or dicts of arrays, with Keras's arguments (see each
+    method); every batch is validated and encoded by the model's
+    FeatureColumns (a bad batch raises, naming the feature, before any weight
+    or table row changes). Embedding tables are trained by the
+    `embedding_optimizer` given to `compile`; the dense weights by Keras's
+    `optimizer`. A step whose loss or gradients are not finite changes
+    nothing (`compile(nonfinite=...)`). `get_weights`/`set_weights` carry the
+    tables along, so Keras's `EarlyStopping(restore_best_weights=True)` and
+    `BackupAndRestore` restore tables and dense weights of the same epoch;
+    `rk.callbacks.BackupAndRestore` also resumes mid-epoch, under torchrun
+    too (`resume_at`). Keras methods that cannot see the tables are refused
+    with a message naming what to use (see `docs/keras_api.md`).
+
+    A subclassed model is built by its first batch (`fit` builds it on the
+    data's first rows before training; or call `predict_on_batch`), and,
+    as in Keras, implements `get_config`/`from_config` to be saved with
+    `model.save`. Its `call` is code, not a graph: the pipeline cannot plan
+    its lookups a batch ahead, so each embedding lookup routes its ids
+    inside the step (same result, less overlap under torchrun).
 
     Example:
 
@@ -69,56 +78,55 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
                   metrics=[rk.metrics.AUC()])
     model.fit(rk.datasets.load("criteo_synth"), batch_size=4096)
+
+    class Ranker(rk.Model):
+        def __init__(self, columns, **kwargs):
+            super().__init__(**kwargs)
+            self.columns = columns
+            self.embedding = rk.layers.ShardedEmbedding(columns, output="concat")
+            self.head = rk.layers.MLP([64, 1], output_activation="sigmoid")
+
+        def call(self, inputs):
+            dense, sparse = self.columns(inputs)
+            return self.head(keras.ops.concatenate([dense, self.embedding(sparse)], 1))
     ```
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # `rk.Model(inputs, outputs)` makes a FunctionalModel, as
+        # `keras.Model(inputs, outputs)` makes a Functional.
+        if cls is Model and _keras_compat.functional_init_arguments(args, kwargs):
+            cls = FunctionalModel
+        return super().__new__(cls, *args, **kwargs)
+
     def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        _keras_compat.freeze_input_spec(self)
-        self._declared_inputs = DeclaredInputs.of(_keras_compat.functional_inputs(self))
+        if _keras_compat.functional_init_arguments(args, kwargs):
+            if not isinstance(self, FunctionalModel):
+                # A subclass given (inputs, outputs), as Keras allows: its class
+                # is rebased on FunctionalModel (Keras rebases it on Functional,
+                # which would rebase rk.Model itself).
+                _rebase_on_functional(type(self))
+                FunctionalModel.__init__(self, *args, **kwargs)
+                return
+            _keras_compat.init_functional_model(self, args, kwargs)
+        else:
+            super().__init__(*args, **kwargs)
         self._prepared = None          # the PreparedBatch of the running step
         self.nonfinite = "raise"
         self.pipeline_stats = {}
         self._resume_position = None   # set by resume_at, taken by the next fit
 
-    def inputs_as_declared(self, inputs: Any) -> list | None:
-        """The flat input list when `inputs` is a dict of exactly the input
-        names holding torch tensors of the declared dtypes and shapes on the
-        Keras device (what fit, evaluate and predict feed), else None.
-
-        Args:
-            inputs: what the model is called on.
-
-        Returns:
-            The tensors in Keras's flat order, or None.
-        """
-        declared = self._declared_inputs
-        return None if declared is None else declared.match(inputs)
-
     def _forward(self, inputs: dict, training: bool):
-        """`self(inputs, training=training)`, without Keras's per-call work
-        on inputs that are already as declared (what the loops feed).
-
-        For the running step's batch the FeatureColumns layer is not called:
-        its output was packed once by the pipeline (`FeatureColumns.pack`),
-        and each embedding layer fed by it gets the routes the sparse-dist
-        stage planned for it. Every other layer is called as usual.
-        """
-        flat = self.inputs_as_declared(inputs)      # outside: one check per input
+        """`self(inputs, training=training)`. For the running step's batch
+        the FeatureColumns layer returns the packed output the pipeline made
+        (`FeatureColumns.pack`) instead of packing it again."""
         # Keras's Dense matmuls run in oneDNN on CPU (backend_kernels.dense_matmul).
         with dense_matmul.routed_to_onednn():
-            columns = self.feature_columns
-            if flat is None or not columns.built:
+            prepared = self._prepared
+            if prepared is None or prepared.inputs is not inputs or prepared.packed is None:
                 return self(inputs, training=training)
-            prepared = self._prepared if self._prepared is not None \
-                and self._prepared.inputs is inputs else None
-            replace = {columns: prepared_output(prepared) if prepared else columns.pack}
-            if prepared is not None:
-                for layer, future in prepared.routes.items():
-                    replace[layer] = functools.partial(layer, training=training,
-                                                       routed=future.result())
-            outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
-            return self(inputs, training=training) if outputs is None else outputs
+            with self.feature_columns.prepacked(inputs, prepared.packed):
+                return self(inputs, training=training)
 
     @contextlib.contextmanager
     def _running(self, batch):
@@ -159,15 +167,14 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
 
     def _layers_fed_by_columns(self):
         """Embedding layers that look up the FeatureColumns' packed batch
-        itself, once per step: the stages may work on their ids ahead."""
-        if not hasattr(self, "_fed_layers"):
-            columns = self.feature_columns
-            names = [s.name for s in columns.sparse_specs]
-            self._fed_layers = [
-                layer for layer in self.embedding_layers
-                if [s.name for s in layer.packing.slots] == names
-                and _keras_compat.called_once_on_outputs_of(layer, columns)]
-        return self._fed_layers
+        itself, once per step (the stages may work on their ids ahead): none
+        in a subclassed model, whose `call` is code, not a graph to read."""
+        return []
+
+    def _declared_outputs(self):
+        """The structure of the outputs, or None when it is known only by
+        calling the model (subclassed)."""
+        return None
 
     def export_serving(self, path: str | os.PathLike, rows: str = "float32",
                        min_count: int | None = None) -> str:
@@ -675,11 +682,25 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
 
     def _prepare_to_train(self, data, batch_size):
         """Adapts the columns on `data` if they need it, checks the engines'
-        configs across ranks and gives every rank rank 0's dense weights."""
+        configs across ranks, builds a subclassed model and gives every rank
+        rank 0's dense weights."""
         self._adapt_if_needed(data, batch_size)
         for layer in self.embedding_layers:
             layer.engine.connect()            # checks configs agree across ranks
+        if not self.built:
+            self._build_on(data, batch_size)
         self._sync_dense_weights()
+
+    def _build_on(self, data, batch_size):
+        """Builds a subclassed model (its weights exist once it has run):
+        one forward pass, not training (no table row is created), on this
+        rank's first batch of `data`."""
+        steps = streams.agreed_steps(data, batch_size, 1)
+        with torch.no_grad(), self._stream(data, batch_size, steps, Targets(), False,
+                                           pipeline=False) as batches:
+            for batch in batches:
+                with self._running(batch) as (inputs, _, _):
+                    self._forward(inputs, training=False)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
             epochs: int = 1, verbose: int | str = "auto", callbacks: list | None = None,
@@ -907,7 +928,9 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         label = data.label if labels is None else labels
         if label is None:
             raise ValueError(f"{loop}() needs labels: a 'label' column in x, y, or labels=")
-        outputs = _keras_compat.functional_outputs(self)
+        outputs = self._declared_outputs()
+        if outputs is None:
+            return label
         if isinstance(outputs, dict):
             if not isinstance(label, dict):
                 raise ValueError(f"the model has outputs {sorted(outputs)}: give one label "
@@ -1088,18 +1111,6 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             outputs[0], lambda *parts: np.concatenate(parts), *outputs)
 
 
-def prepared_output(batch: streams.PreparedBatch) -> Callable:
-    """A stand-in for the FeatureColumns layer in the graph.
-
-    Args:
-        batch: a batch the pipeline packed once (`FeatureColumns.pack`).
-
-    Returns:
-        A function returning `batch.packed` whatever it is called with.
-    """
-    return lambda *args, **kwargs: batch.packed
-
-
 def _split_group_metrics(metrics):
     """`(Keras metrics, GAUC metrics, the output each GAUC reads)` of
     compile's `metrics`: a list (one output) or `{output: list}`."""
@@ -1152,3 +1163,26 @@ def _verbose(verbose):
 
 def _python_logs(logs):
     return {name: float(keras.ops.convert_to_numpy(value)) for name, value in logs.items()}
+
+
+@keras.saving.register_keras_serializable(package="reckeras", name="Model")
+class FunctionalModel(FunctionalGraph, Model, _keras_compat.Functional):
+    """What `rk.Model(inputs, outputs)` makes: an `rk.Model` whose steps run
+    its graph (`functional.FunctionalGraph`). Saved under the name
+    `"reckeras>Model"`.
+
+    Args:
+        *args: `inputs`, `outputs` (and `name`), as for `keras.Model`.
+        **kwargs: the same, by keyword.
+    """
+
+
+def _rebase_on_functional(cls):
+    """Puts FunctionalModel in place of Model in `cls`'s bases (and in those
+    of its bases between it and Model)."""
+    cls.__bases__ = tuple(
+        FunctionalModel if base is Model else
+        _rebase_on_functional(base) if issubclass(base, Model)
+        and not issubclass(base, FunctionalModel) else base
+        for base in cls.__bases__)
+    return cls
