@@ -24,6 +24,9 @@ from reckeras.pipeline import stream as streams
 from reckeras.pipeline import windows as windowed
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
 from reckeras.pipeline.functional import FunctionalGraph
+from reckeras.pipeline.on_batch import OnBatchMethods
+from reckeras.pipeline.refused import RefusedKerasMethods
+from reckeras.pipeline.targets import targets_for
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -43,7 +46,7 @@ class WeightsWithTables(list):
         self.tables = tables
 
 
-class Model(keras.Model):
+class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
     """A Keras model over `rk.layers.FeatureColumns` inputs.
 
     Built like `keras.Model(inputs, outputs)` (functional), or subclassed:
@@ -795,12 +798,7 @@ class Model(keras.Model):
                                      "validation_data")
                 data, validation_data = data.split(validation_split)
                 validation_data = (validation_data, None, weight)
-        label = self._label_columns(data, labels, "fit")
-        if class_weight is not None and isinstance(label, dict):
-            raise ValueError("class_weight is only supported for models with a single "
-                             "output (Keras's rule); weigh the examples with "
-                             "sample_weight instead")
-        targets = Targets(label, weight, class_weight, self._binary_label_columns(label))
+        targets = self._targets(data, labels, weight, class_weight, "fit")
         self._prepare_to_train(data, batch_size)
         verbose = verbose if distributed.world().is_main else 0
         steps = streams.agreed_steps(data, batch_size, steps_per_epoch)
@@ -923,39 +921,10 @@ class Model(keras.Model):
             labels=labels, seed=seed, evaluate_batch_size=evaluate_batch_size,
             pipeline=pipeline, prefetch_depth=prefetch_depth)
 
-    def _label_columns(self, data, labels, loop):
-        """The label column(s) a loop reads, checked against the outputs."""
-        label = data.label if labels is None else labels
-        if label is None:
-            raise ValueError(f"{loop}() needs labels: a 'label' column in x, y, or labels=")
-        outputs = self._declared_outputs()
-        if outputs is None:
-            return label
-        if isinstance(outputs, dict):
-            if not isinstance(label, dict):
-                raise ValueError(f"the model has outputs {sorted(outputs)}: give one label "
-                                 f"per output, y={{output: array}} or "
-                                 f"labels={{output: column}}")
-            if label.keys() != outputs.keys():
-                raise ValueError(f"labels name outputs {sorted(label)} but the model has "
-                                 f"outputs {sorted(outputs)}")
-        elif isinstance(label, dict):
-            raise ValueError(f"labels for outputs {sorted(label)} were given, but the model "
-                             f"has a single output: build it with dict outputs "
-                             f"rk.Model(inputs, {{name: output, ...}})")
-        elif isinstance(outputs, (list, tuple)) and len(outputs) > 1:
-            raise ValueError("rk.Model trains several outputs given as a dict "
-                             "rk.Model(inputs, {name: output, ...}), with labels per name")
-        return label
-
-    def _binary_label_columns(self, label):
-        """The label columns a binary cross-entropy reads (checked in [0, 1])."""
-        losses = self.loss if isinstance(self.loss, dict) else \
-            {output: self.loss for output in label} if isinstance(label, dict) else \
-            {None: self.loss}
-        columns = label if isinstance(label, dict) else {None: label}
-        return frozenset(columns[output] for output, loss in losses.items()
-                         if output in columns and _is_binary_crossentropy(loss))
+    def _targets(self, data, labels, weight, class_weight, loop):
+        """The `Targets` a loop reads (`targets.targets_for`)."""
+        return targets_for(data, labels, weight, class_weight, loop,
+                           self._declared_outputs(), self.loss)
 
     def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False,
                        **params):
@@ -1039,8 +1008,7 @@ class Model(keras.Model):
         batch_size = _batch_size(batch_size)
         verbose = _verbose(verbose) if distributed.world().is_main else 0
         data, weight = as_data(x, y, sample_weight)
-        label = self._label_columns(data, labels, "evaluate")
-        targets = Targets(label, weight, binary=self._binary_label_columns(label))
+        targets = self._targets(data, labels, weight, None, "evaluate")
         total = streams.agreed_steps(data, batch_size, steps)
         callback_list = self._callback_list(callbacks, verbose, 1, total)
         self.reset_metrics()
@@ -1131,13 +1099,6 @@ def _split_group_metrics(metrics):
     metrics = list(metrics or [])
     gaucs = [m for m in metrics if isinstance(m, GAUC)]
     return [m for m in metrics if not isinstance(m, GAUC)] or None, gaucs, [None] * len(gaucs)
-
-
-def _is_binary_crossentropy(loss):
-    """Whether `loss` (a name, a function or a Loss) is a binary cross-entropy."""
-    name = loss if isinstance(loss, str) else \
-        getattr(loss, "name", None) or getattr(loss, "__name__", "")
-    return name in ("binary_crossentropy", "binary_focal_crossentropy")
 
 
 def _examples(y):

@@ -88,10 +88,8 @@ class OnBatchMethods:
                             f"for a dataset")
         data, weight = as_data(x, y, sample_weight)
         batch = OneBatch(data)
-        targets = Targets()
-        if method != "predict_on_batch":
-            label = self._label_columns(data, None, method)
-            targets = Targets(label, weight, class_weight, self._binary_label_columns(label))
+        targets = Targets() if method == "predict_on_batch" else \
+            self._targets(data, None, weight, class_weight, method)
         if training:
             self._prepare_to_train(batch, batch.rows)
         return self._stream(batch, batch.rows, 1, targets, training, pipeline=False)
