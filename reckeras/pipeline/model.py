@@ -24,6 +24,7 @@ from reckeras.pipeline import stream as streams
 from reckeras.pipeline import windows as windowed
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
 from reckeras.pipeline.functional import FunctionalGraph
+from reckeras.pipeline.group_metrics import split_group_metrics
 from reckeras.pipeline.on_batch import OnBatchMethods
 from reckeras.pipeline.refused import RefusedKerasMethods
 from reckeras.pipeline.targets import targets_for
@@ -207,6 +208,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             ValueError: an unknown `rows`, a `min_count` that is not an int
                 >= 1 or None, or an embedding layer that does not read the
                 FeatureColumns' output.
+            NotImplementedError: a subclassed model (it has no graph).
 
         Example:
 
@@ -217,6 +219,10 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         """
         from reckeras.serving.export import export_serving
 
+        if not isinstance(self, FunctionalGraph):
+            raise NotImplementedError("export_serving() traces a functional model's graph; a "
+                                      "subclassed rk.Model has none: build the model with "
+                                      "rk.Model(inputs, outputs) to export it")
         return export_serving(self, self._layers_fed_by_columns(), path, rows, min_count)
 
     # ---- compile -----------------------------------------------------------------
@@ -268,7 +274,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             raise ValueError(f"rk.Model runs one step per execution; got "
                              f"steps_per_execution={steps_per_execution!r}. Every step "
                              f"is eager already, so there is nothing to amortize")
-        metrics, group_metrics, group_outputs = _split_group_metrics(metrics)
+        metrics, group_metrics, group_outputs = split_group_metrics(metrics)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics,
                         jit_compile=False, **kwargs)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -1077,28 +1083,6 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             raise ValueError("predict() received no data")
         return keras.tree.map_structure_up_to(
             outputs[0], lambda *parts: np.concatenate(parts), *outputs)
-
-
-def _split_group_metrics(metrics):
-    """`(Keras metrics, GAUC metrics, the output each GAUC reads)` of
-    compile's `metrics`: a list (one output) or `{output: list}`."""
-    if isinstance(metrics, dict):
-        keras_metrics, gaucs, outputs = {}, [], []
-        for output, entries in metrics.items():
-            entries = keras.tree.flatten(entries) if isinstance(entries, (list, tuple)) \
-                else [entries]
-            gaucs += [m for m in entries if isinstance(m, GAUC)]
-            outputs += [output for m in entries if isinstance(m, GAUC)]
-            keras_metrics[output] = [m for m in entries if not isinstance(m, GAUC)]
-        names = [m.name for m in gaucs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"each output's GAUC needs a name of its own (they show in the "
-                             f"logs under it), got {names}: e.g. GAUC('user_id', "
-                             f"name='ctr_gauc')")
-        return keras_metrics, gaucs, outputs
-    metrics = list(metrics or [])
-    gaucs = [m for m in metrics if isinstance(m, GAUC)]
-    return [m for m in metrics if not isinstance(m, GAUC)] or None, gaucs, [None] * len(gaucs)
 
 
 def _examples(y):

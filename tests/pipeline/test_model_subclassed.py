@@ -125,3 +125,10 @@ def test_labels_of_a_subclassed_model_are_checked_by_its_loss():
     _, model = pair()
     with pytest.raises(ValueError, match=r"fit\(\) needs labels"):
         model.fit(synthetic(64).drop(["label"]), verbose=0)
+
+
+def test_export_serving_of_a_subclassed_model_is_refused(tmp_path):
+    _, model = pair()
+    model.predict_on_batch(synthetic(4))
+    with pytest.raises(NotImplementedError, match=r"export_serving\(\) .* subclassed"):
+        model.export_serving(tmp_path / "artifact")
