@@ -26,6 +26,7 @@ from keras.src.backend import in_stateless_scope as _in_stateless_scope
 from keras.src.backend.common import global_state as _global_state
 from keras.src.backend.torch import core as _torch_core
 from keras.src.models import functional as _functional
+from keras.src.models import model as _model
 
 # ---- backend ---------------------------------------------------------------------
 
@@ -178,6 +179,43 @@ def symbolic_shapes_kept() -> Iterator[None]:
         yield
     finally:
         _backend.standardize_shape = original
+
+
+Functional = _functional.Functional
+
+
+def functional_init_arguments(args: tuple, kwargs: dict) -> bool:
+    """Whether a model's constructor arguments are a functional model's
+    (`inputs` and `outputs`), by Keras's own signature detection.
+
+    Args:
+        args: the constructor's positional arguments.
+        kwargs: its keyword arguments.
+
+    Returns:
+        True for `Model(inputs, outputs)` and its keyword forms.
+    """
+    return _model.functional_init_arguments(args, kwargs)
+
+
+def init_functional_model(model: keras.Model, args: tuple, kwargs: dict) -> None:
+    """`keras.Model.__init__` of a functional model, without the rewrite of
+    class bases that Keras does for a subclass given `(inputs, outputs)`.
+
+    Keras's `Model.__init__` first initializes the backend trainer, then
+    rewrites the `__bases__` of every class between the instance's class and
+    `keras.Model` to put `Functional` in (the class itself is changed, for
+    every later instance too). A class whose `__mro__` already holds
+    `Functional` needs no rewrite: this runs the two initializations only.
+
+    Args:
+        model: an instance whose class has `Functional` in its `__mro__`.
+        args: the `(inputs, outputs, ...)` positional arguments.
+        kwargs: the keyword arguments.
+    """
+    # The class right after keras.Model in the MRO is the backend's trainer.
+    super(keras.Model, model).__init__()
+    _functional.Functional.__init__(model, *args, **kwargs)
 
 
 def functional_inputs(model: keras.Model) -> Any:

@@ -206,3 +206,28 @@ def backend_standardize_shape():
 
 
 _ORIGINAL_STANDARDIZE_SHAPE = backend_standardize_shape()
+
+
+def test_functional_init_arguments_is_keras_signature_detection():
+    inputs = keras.Input((2,))
+    outputs = keras.layers.Dense(1)(inputs)
+    assert compat.functional_init_arguments((inputs, outputs), {})
+    assert compat.functional_init_arguments((inputs,), {"outputs": outputs})
+    assert compat.functional_init_arguments((), {"inputs": inputs, "outputs": outputs})
+    assert not compat.functional_init_arguments((), {"name": "m"})
+
+
+def test_init_functional_model_does_not_rebase_classes():
+    class Base(keras.Model):
+        pass
+
+    class Graph(Base, compat.Functional):
+        def __init__(self, *args, **kwargs):
+            compat.init_functional_model(self, args, kwargs)
+
+    inputs = keras.Input((2,))
+    model = Graph(inputs, keras.layers.Dense(1)(inputs))
+    assert Base.__bases__ == (keras.Model,)
+    assert model.compiled is False and model.train_function is None   # the trainer's state
+    model.compile(optimizer="sgd", loss="mse")
+    np.testing.assert_allclose(model.predict(np.ones((3, 2)), verbose=0).shape, (3, 1))

@@ -303,7 +303,8 @@ class EmbeddingEngine:
         """Embeddings of a packed batch, per physical table (dim).
 
         While training, the backward of the outputs updates the rows they
-        read (now, or inside `deferred_updates` when the caller applies).
+        read (now, or inside `deferred_updates` when the caller applies);
+        the outputs of a lookup that does not train have no backward.
 
         Args:
             ids: int64 `[N]` transformed ids.
@@ -359,8 +360,11 @@ class EmbeddingEngine:
                     self._route(group, group_keys, group_tags, training, ahead=False)
                 values, unique, apply, pin = self._remote_rows(group, route, training,
                                                                round_seed)
+            # An inference lookup is not tied to the anchor: its backward
+            # (a frozen layer in a training step) must update no row.
             flat = PooledLookup.apply(
-                self.anchor, values, unique, unique_index, group_destination,
+                self.anchor if training else self.anchor.detach(), values, unique,
+                unique_index, group_destination,
                 group_weight, layout.rows(batch), apply)
             if pin is not None and not (training and flat.requires_grad):
                 pin.release()           # no backward will update the cached rows

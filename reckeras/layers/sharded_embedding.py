@@ -32,6 +32,13 @@ class ShardedEmbedding(keras.layers.Layer):
     batch touched only. At inference, ids never seen in training read zeros.
     `model.save` stores the tables (ids, rows and optimizer state).
 
+    Freezing, as in Keras: with `layer.trainable = False` (or
+    `model.trainable = False`) a training step looks the tables up as at
+    inference: it creates no row (an unseen id reads zeros), updates no row
+    and no optimizer state, and counts no step in the rows' lifecycle; the
+    other layers still train. Setting it back to True trains the tables
+    again (Keras asks to `compile` again after changing `trainable`).
+
     Args:
         columns: the `rk.layers.FeatureColumns` whose sparse output this
             layer embeds (or a list of serialized sparse feature specs).
@@ -54,7 +61,8 @@ class ShardedEmbedding(keras.layers.Layer):
         sparse: the packed sparse batch `{"ids", "offsets"}` (and
             `"weights"` with weighted sequences) of the FeatureColumns
             (its output, or `FeatureColumns.pack`).
-        training: create rows for new ids and train them.
+        training: create rows for new ids and train them (only while the
+            layer is `trainable`).
         routed: the `RoutedBatch` the pipeline's sparse-dist stage planned
             for this very batch (`EmbeddingEngine.route_ahead`); `rk.Model`'s
             loops pass it, other callers leave it None.
@@ -111,8 +119,11 @@ class ShardedEmbedding(keras.layers.Layer):
 
     def call(self, sparse: dict, training: bool = False, routed: Any = None) -> Any:
         # `routed`: the routes the pipeline's sparse-dist stage planned for
-        # this very batch (`EmbeddingEngine.route_ahead`), or None.
-        groups = self.engine.lookup(sparse["ids"], sparse["offsets"], bool(training),
+        # this very batch (`EmbeddingEngine.route_ahead`), or None. A frozen
+        # layer looks up as at inference, as Keras's frozen BatchNormalization
+        # normalizes as at inference.
+        groups = self.engine.lookup(sparse["ids"], sparse["offsets"],
+                                    bool(training) and self.trainable,
                                     routed=routed, weights=sparse.get("weights"))
         return self.packing.assemble(groups, self.output_mode)
 

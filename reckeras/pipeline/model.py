@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -19,11 +18,15 @@ from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
-from reckeras.pipeline import dense_routing, guard
+from reckeras.pipeline import guard
 from reckeras.pipeline import stream as streams
 from reckeras.pipeline import windows as windowed
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
-from reckeras.pipeline.declared_inputs import DeclaredInputs
+from reckeras.pipeline.functional import FunctionalGraph
+from reckeras.pipeline.group_metrics import split_group_metrics
+from reckeras.pipeline.on_batch import OnBatchMethods
+from reckeras.pipeline.refused import RefusedKerasMethods
+from reckeras.pipeline.targets import targets_for
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -43,22 +46,32 @@ class WeightsWithTables(list):
         self.tables = tables
 
 
-@keras.saving.register_keras_serializable(package="reckeras")
-class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
-    """A Keras functional model over `rk.layers.FeatureColumns` inputs.
+class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
+    """A Keras model over `rk.layers.FeatureColumns` inputs.
 
-    Built like `keras.Model(inputs, outputs)`. Its `fit`, `evaluate` and
-    `predict` take reckeras datasets (`rk.datasets.load(...)`), pyarrow
-    tables or dicts of arrays, with Keras's arguments (see each method);
-    every batch is validated and encoded by the model's FeatureColumns (a
-    bad batch raises, naming the feature, before any weight or table row
-    changes). Embedding tables are trained by the `embedding_optimizer` given
-    to `compile`; the dense weights by Keras's `optimizer`. A step whose loss
-    or gradients are not finite changes nothing (`compile(nonfinite=...)`).
-    `get_weights`/`set_weights` carry the tables along, so Keras's
-    `EarlyStopping(restore_best_weights=True)` and `BackupAndRestore` restore
-    tables and dense weights of the same epoch; `rk.callbacks.BackupAndRestore`
-    also resumes mid-epoch, under torchrun too (`resume_at`).
+    Built like `keras.Model(inputs, outputs)` (functional), or subclassed:
+    layers made in `__init__` and used in `call`, which receives the dict of
+    encoded inputs (`FeatureColumns.inputs()` names its keys). Its `fit`,
+    `evaluate` and `predict` take reckeras datasets (`rk.datasets.load(...)`),
+    pyarrow tables or dicts of arrays, with Keras's arguments (see each
+    method); every batch is validated and encoded by the model's
+    FeatureColumns (a bad batch raises, naming the feature, before any weight
+    or table row changes). Embedding tables are trained by the
+    `embedding_optimizer` given to `compile`; the dense weights by Keras's
+    `optimizer`. A step whose loss or gradients are not finite changes
+    nothing (`compile(nonfinite=...)`). `get_weights`/`set_weights` carry the
+    tables along, so Keras's `EarlyStopping(restore_best_weights=True)` and
+    `BackupAndRestore` restore tables and dense weights of the same epoch;
+    `rk.callbacks.BackupAndRestore` also resumes mid-epoch, under torchrun
+    too (`resume_at`). Keras methods that cannot see the tables are refused
+    with a message naming what to use (see `docs/keras_api.md`).
+
+    A subclassed model is built by its first batch (`fit` builds it on the
+    data's first rows before training; or call `predict_on_batch`), and,
+    as in Keras, implements `get_config`/`from_config` to be saved with
+    `model.save`. Its `call` is code, not a graph: the pipeline cannot plan
+    its lookups a batch ahead, so each embedding lookup routes its ids
+    inside the step (same result, less overlap under torchrun).
 
     Example:
 
@@ -68,59 +81,54 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
                   metrics=[rk.metrics.AUC()])
     model.fit(rk.datasets.load("criteo_synth"), batch_size=4096)
+
+    class Ranker(rk.Model):
+        def __init__(self, columns, **kwargs):
+            super().__init__(**kwargs)
+            self.columns = columns
+            self.embedding = rk.layers.ShardedEmbedding(columns, output="concat")
+            self.head = rk.layers.MLP([64, 1], output_activation="sigmoid")
+
+        def call(self, inputs):
+            dense, sparse = self.columns(inputs)
+            return self.head(keras.ops.concatenate([dense, self.embedding(sparse)], 1))
     ```
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # `rk.Model(inputs, outputs)` makes a FunctionalModel, as
+        # `keras.Model(inputs, outputs)` makes a Functional.
+        if cls is Model and _keras_compat.functional_init_arguments(args, kwargs):
+            cls = FunctionalModel
+        return super().__new__(cls, *args, **kwargs)
+
     def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        _keras_compat.freeze_input_spec(self)
-        self._declared_inputs = DeclaredInputs.of(_keras_compat.functional_inputs(self))
+        if _keras_compat.functional_init_arguments(args, kwargs):
+            if not isinstance(self, FunctionalModel):
+                # A subclass given (inputs, outputs), as Keras allows: its class
+                # is rebased on FunctionalModel (Keras rebases it on Functional,
+                # which would rebase rk.Model itself).
+                _rebase_on_functional(type(self))
+                FunctionalModel.__init__(self, *args, **kwargs)
+                return
+            _keras_compat.init_functional_model(self, args, kwargs)
+        else:
+            super().__init__(*args, **kwargs)
         self._prepared = None          # the PreparedBatch of the running step
         self.nonfinite = "raise"
         self.pipeline_stats = {}
         self._resume_position = None   # set by resume_at, taken by the next fit
         self._dense_routes = None      # set by the first step (pipeline.dense_routing)
 
-    def inputs_as_declared(self, inputs: Any) -> list | None:
-        """The flat input list when `inputs` is a dict of exactly the input
-        names holding torch tensors of the declared dtypes and shapes on the
-        Keras device (what fit, evaluate and predict feed), else None.
-
-        Args:
-            inputs: what the model is called on.
-
-        Returns:
-            The tensors in Keras's flat order, or None.
-        """
-        declared = self._declared_inputs
-        return None if declared is None else declared.match(inputs)
-
     def _forward(self, inputs: dict, training: bool):
-        """`self(inputs, training=training)`, without Keras's per-call work
-        on inputs that are already as declared (what the loops feed).
-
-        For the running step's batch the FeatureColumns layer is not called:
-        its output was packed once by the pipeline (`FeatureColumns.pack`),
-        and each embedding layer fed by it gets the routes the sparse-dist
-        stage planned for it. Every other layer is called as usual.
-        """
-        flat = self.inputs_as_declared(inputs)      # outside: one check per input
-        columns = self.feature_columns
-        if flat is None or not columns.built:
+        """`self(inputs, training=training)`. For the running step's batch
+        the FeatureColumns layer returns the packed output the pipeline made
+        (`FeatureColumns.pack`) instead of packing it again."""
+        prepared = self._prepared
+        if prepared is None or prepared.inputs is not inputs or prepared.packed is None:
             return self(inputs, training=training)
-        if self._dense_routes is None:
-            # The model's own Dense matmuls run in oneDNN on CPU: decided once.
-            self._dense_routes = dense_routing.dense_routes(self)
-        prepared = self._prepared if self._prepared is not None \
-            and self._prepared.inputs is inputs else None
-        replace = {**self._dense_routes,
-                   columns: prepared_output(prepared) if prepared else columns.pack}
-        if prepared is not None:
-            for layer, future in prepared.routes.items():
-                replace[layer] = functools.partial(layer, training=training,
-                                                   routed=future.result())
-        outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
-        return self(inputs, training=training) if outputs is None else outputs
+        with self.feature_columns.prepacked(inputs, prepared.packed):
+            return self(inputs, training=training)
 
     @contextlib.contextmanager
     def _running(self, batch):
@@ -161,15 +169,14 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
 
     def _layers_fed_by_columns(self):
         """Embedding layers that look up the FeatureColumns' packed batch
-        itself, once per step: the stages may work on their ids ahead."""
-        if not hasattr(self, "_fed_layers"):
-            columns = self.feature_columns
-            names = [s.name for s in columns.sparse_specs]
-            self._fed_layers = [
-                layer for layer in self.embedding_layers
-                if [s.name for s in layer.packing.slots] == names
-                and _keras_compat.called_once_on_outputs_of(layer, columns)]
-        return self._fed_layers
+        itself, once per step (the stages may work on their ids ahead): none
+        in a subclassed model, whose `call` is code, not a graph to read."""
+        return []
+
+    def _declared_outputs(self):
+        """The structure of the outputs, or None when it is known only by
+        calling the model (subclassed)."""
+        return None
 
     def export_serving(self, path: str | os.PathLike, rows: str = "float32",
                        min_count: int | None = None) -> str:
@@ -199,6 +206,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             ValueError: an unknown `rows`, a `min_count` that is not an int
                 >= 1 or None, or an embedding layer that does not read the
                 FeatureColumns' output.
+            NotImplementedError: a subclassed model (it has no graph).
 
         Example:
 
@@ -209,6 +217,10 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         """
         from reckeras.serving.export import export_serving
 
+        if not isinstance(self, FunctionalGraph):
+            raise NotImplementedError("export_serving() traces a functional model's graph; a "
+                                      "subclassed rk.Model has none: build the model with "
+                                      "rk.Model(inputs, outputs) to export it")
         return export_serving(self, self._layers_fed_by_columns(), path, rows, min_count)
 
     # ---- compile -----------------------------------------------------------------
@@ -260,7 +272,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             raise ValueError(f"rk.Model runs one step per execution; got "
                              f"steps_per_execution={steps_per_execution!r}. Every step "
                              f"is eager already, so there is nothing to amortize")
-        metrics, group_metrics, group_outputs = _split_group_metrics(metrics)
+        metrics, group_metrics, group_outputs = split_group_metrics(metrics)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics,
                         jit_compile=False, **kwargs)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -677,13 +689,27 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
 
     def _prepare_to_train(self, data, batch_size):
         """Adapts the columns on `data` if they need it, checks the engines'
-        configs across ranks, gives every rank rank 0's dense weights and
-        tunes the allocator for training (`rk.config`'s `malloc_tuning`)."""
+        configs across ranks, builds a subclassed model, gives every rank
+        rank 0's dense weights and tunes the allocator for training
+        (`rk.config`'s `malloc_tuning`)."""
         _allocator.tune_malloc()
         self._adapt_if_needed(data, batch_size)
         for layer in self.embedding_layers:
             layer.engine.connect()            # checks configs agree across ranks
+        if not self.built:
+            self._build_on(data, batch_size)
         self._sync_dense_weights()
+
+    def _build_on(self, data, batch_size):
+        """Builds a subclassed model (its weights exist once it has run):
+        one forward pass, not training (no table row is created), on this
+        rank's first batch of `data`."""
+        steps = streams.agreed_steps(data, batch_size, 1)
+        with torch.no_grad(), self._stream(data, batch_size, steps, Targets(), False,
+                                           pipeline=False) as batches:
+            for batch in batches:
+                with self._running(batch) as (inputs, _, _):
+                    self._forward(inputs, training=False)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
             epochs: int = 1, verbose: int | str = "auto", callbacks: list | None = None,
@@ -783,12 +809,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
                                      "validation_data")
                 data, validation_data = data.split(validation_split)
                 validation_data = (validation_data, None, weight)
-        label = self._label_columns(data, labels, "fit")
-        if class_weight is not None and isinstance(label, dict):
-            raise ValueError("class_weight is only supported for models with a single "
-                             "output (Keras's rule); weigh the examples with "
-                             "sample_weight instead")
-        targets = Targets(label, weight, class_weight, self._binary_label_columns(label))
+        targets = self._targets(data, labels, weight, class_weight, "fit")
         self._prepare_to_train(data, batch_size)
         verbose = verbose if distributed.world().is_main else 0
         steps = streams.agreed_steps(data, batch_size, steps_per_epoch)
@@ -911,37 +932,10 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             labels=labels, seed=seed, evaluate_batch_size=evaluate_batch_size,
             pipeline=pipeline, prefetch_depth=prefetch_depth)
 
-    def _label_columns(self, data, labels, loop):
-        """The label column(s) a loop reads, checked against the outputs."""
-        label = data.label if labels is None else labels
-        if label is None:
-            raise ValueError(f"{loop}() needs labels: a 'label' column in x, y, or labels=")
-        outputs = _keras_compat.functional_outputs(self)
-        if isinstance(outputs, dict):
-            if not isinstance(label, dict):
-                raise ValueError(f"the model has outputs {sorted(outputs)}: give one label "
-                                 f"per output, y={{output: array}} or "
-                                 f"labels={{output: column}}")
-            if label.keys() != outputs.keys():
-                raise ValueError(f"labels name outputs {sorted(label)} but the model has "
-                                 f"outputs {sorted(outputs)}")
-        elif isinstance(label, dict):
-            raise ValueError(f"labels for outputs {sorted(label)} were given, but the model "
-                             f"has a single output: build it with dict outputs "
-                             f"rk.Model(inputs, {{name: output, ...}})")
-        elif isinstance(outputs, (list, tuple)) and len(outputs) > 1:
-            raise ValueError("rk.Model trains several outputs given as a dict "
-                             "rk.Model(inputs, {name: output, ...}), with labels per name")
-        return label
-
-    def _binary_label_columns(self, label):
-        """The label columns a binary cross-entropy reads (checked in [0, 1])."""
-        losses = self.loss if isinstance(self.loss, dict) else \
-            {output: self.loss for output in label} if isinstance(label, dict) else \
-            {None: self.loss}
-        columns = label if isinstance(label, dict) else {None: label}
-        return frozenset(columns[output] for output, loss in losses.items()
-                         if output in columns and _is_binary_crossentropy(loss))
+    def _targets(self, data, labels, weight, class_weight, loop):
+        """The `Targets` a loop reads (`targets.targets_for`)."""
+        return targets_for(data, labels, weight, class_weight, loop,
+                           self._declared_outputs(), self.loss)
 
     def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False,
                        **params):
@@ -1025,8 +1019,7 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
         batch_size = _batch_size(batch_size)
         verbose = _verbose(verbose) if distributed.world().is_main else 0
         data, weight = as_data(x, y, sample_weight)
-        label = self._label_columns(data, labels, "evaluate")
-        targets = Targets(label, weight, binary=self._binary_label_columns(label))
+        targets = self._targets(data, labels, weight, None, "evaluate")
         total = streams.agreed_steps(data, batch_size, steps)
         callback_list = self._callback_list(callbacks, verbose, 1, total)
         self.reset_metrics()
@@ -1097,47 +1090,6 @@ class Model(_keras_compat.DeclaredInputsShortcut, keras.Model):
             outputs[0], lambda *parts: np.concatenate(parts), *outputs)
 
 
-def prepared_output(batch: streams.PreparedBatch) -> Callable:
-    """A stand-in for the FeatureColumns layer in the graph.
-
-    Args:
-        batch: a batch the pipeline packed once (`FeatureColumns.pack`).
-
-    Returns:
-        A function returning `batch.packed` whatever it is called with.
-    """
-    return lambda *args, **kwargs: batch.packed
-
-
-def _split_group_metrics(metrics):
-    """`(Keras metrics, GAUC metrics, the output each GAUC reads)` of
-    compile's `metrics`: a list (one output) or `{output: list}`."""
-    if isinstance(metrics, dict):
-        keras_metrics, gaucs, outputs = {}, [], []
-        for output, entries in metrics.items():
-            entries = keras.tree.flatten(entries) if isinstance(entries, (list, tuple)) \
-                else [entries]
-            gaucs += [m for m in entries if isinstance(m, GAUC)]
-            outputs += [output for m in entries if isinstance(m, GAUC)]
-            keras_metrics[output] = [m for m in entries if not isinstance(m, GAUC)]
-        names = [m.name for m in gaucs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"each output's GAUC needs a name of its own (they show in the "
-                             f"logs under it), got {names}: e.g. GAUC('user_id', "
-                             f"name='ctr_gauc')")
-        return keras_metrics, gaucs, outputs
-    metrics = list(metrics or [])
-    gaucs = [m for m in metrics if isinstance(m, GAUC)]
-    return [m for m in metrics if not isinstance(m, GAUC)] or None, gaucs, [None] * len(gaucs)
-
-
-def _is_binary_crossentropy(loss):
-    """Whether `loss` (a name, a function or a Loss) is a binary cross-entropy."""
-    name = loss if isinstance(loss, str) else \
-        getattr(loss, "name", None) or getattr(loss, "__name__", "")
-    return name in ("binary_crossentropy", "binary_focal_crossentropy")
-
-
 def _examples(y):
     """The batch size of labels (a tensor, or a dict of them)."""
     return keras.tree.flatten(y)[0].shape[0]
@@ -1161,3 +1113,26 @@ def _verbose(verbose):
 
 def _python_logs(logs):
     return {name: float(keras.ops.convert_to_numpy(value)) for name, value in logs.items()}
+
+
+@keras.saving.register_keras_serializable(package="reckeras", name="Model")
+class FunctionalModel(FunctionalGraph, Model, _keras_compat.Functional):
+    """What `rk.Model(inputs, outputs)` makes: an `rk.Model` whose steps run
+    its graph (`functional.FunctionalGraph`). Saved under the name
+    `"reckeras>Model"`.
+
+    Args:
+        *args: `inputs`, `outputs` (and `name`), as for `keras.Model`.
+        **kwargs: the same, by keyword.
+    """
+
+
+def _rebase_on_functional(cls):
+    """Puts FunctionalModel in place of Model in `cls`'s bases (and in those
+    of its bases between it and Model)."""
+    cls.__bases__ = tuple(
+        FunctionalModel if base is Model else
+        _rebase_on_functional(base) if issubclass(base, Model)
+        and not issubclass(base, FunctionalModel) else base
+        for base in cls.__bases__)
+    return cls

@@ -120,8 +120,9 @@ class SparseDist:
                     continue
                 started = time.perf_counter()
                 try:
+                    # A frozen layer's lookup does not train (ShardedEmbedding.call).
                     future.set_result(layer.engine.route_ahead(
-                        sparse["ids"], sparse["offsets"], self.training))
+                        sparse["ids"], sparse["offsets"], self.training and layer.trainable))
                 except BaseException as error:   # re-raised by the step's lookup
                     if isinstance(error, PeerFailureError):
                         self._peer_failure = error

@@ -89,3 +89,135 @@ def test_dict_output_with_unpooled_sequence_save_load(tmp_path):
     model.save(tmp_path / "d.keras")
     loaded = keras.models.load_model(tmp_path / "d.keras")
     np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+
+
+# ---- freezing (trainable=False) ---------------------------------------------------
+
+def frozen_case(seed=0):
+    keras.utils.set_random_seed(seed)
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=4)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedding = rk.layers.ShardedEmbedding(columns, output="concat")
+    hidden = keras.layers.Concatenate()([dense, embedding(sparse)])
+    model = rk.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hidden))
+    return model, embedding
+
+
+def frozen_data(ids, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"n": rng.normal(size=len(ids)).astype(np.float32), "a": np.asarray(ids)}, \
+        (rng.random(len(ids)) < 0.5).astype(np.float32)
+
+
+def compile_frozen(model):
+    model.compile(optimizer="sgd", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.5))
+
+
+def tables_of(layer):
+    return [{key: value.copy() for key, value in table.items()}
+            for table in layer.export_tables()]
+
+
+def dense_of(model):
+    return [w.numpy().copy() for w in model.trainable_weights]
+
+
+def test_frozen_table_keeps_rows_and_state_and_creates_none():
+    model, embedding = frozen_case()
+    compile_frozen(model)
+    model.fit(*frozen_data(np.arange(10)), batch_size=5, verbose=0)
+    before, head = tables_of(embedding), dense_of(model)
+    embedding.trainable = False
+    compile_frozen(model)
+    x, y = frozen_data(np.r_[np.arange(10), np.arange(100, 110)], seed=1)   # 10 unseen ids
+    model.fit(x, y, batch_size=5, epochs=2, verbose=0)
+    after = tables_of(embedding)
+    assert embedding.engine.num_rows == 10
+    for old, new in zip(before, after):
+        assert old.keys() == new.keys()
+        for key in old:
+            np.testing.assert_array_equal(old[key], new[key], err_msg=key)
+    assert any(not np.array_equal(a, b) for a, b in zip(head, dense_of(model)))
+    # An unseen id reads what evaluate/predict read for it: zeros.
+    unseen = {"n": np.zeros(1, np.float32), "a": np.array([12345])}
+    outputs = embedding(model.feature_columns.pack(
+        {k: torch.as_tensor(v) for k, v in model.feature_columns.encode(unseen).items()})[1],
+        training=True)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(outputs), np.zeros((1, 4)))
+
+
+def test_frozen_table_head_still_trains():
+    # The head trains on the frozen rows: the loss after a step differs.
+    model, embedding = frozen_case()
+    compile_frozen(model)
+    model.fit(*frozen_data(np.arange(10)), batch_size=5, verbose=0)
+    embedding.trainable = False
+    compile_frozen(model)
+    x, y = frozen_data(np.arange(10), seed=1)
+    logs = model.train_on_batch(x, y, return_dict=True)
+    expected = model.test_on_batch(x, y, return_dict=True)
+    assert logs["loss"] != expected["loss"]        # the head moved
+    assert embedding.engine.num_rows == 10
+
+
+def test_unfreezing_trains_the_table_again():
+    model, embedding = frozen_case()
+    embedding.trainable = False
+    compile_frozen(model)
+    model.fit(*frozen_data(np.arange(10)), batch_size=5, verbose=0)
+    assert embedding.engine.num_rows == 0
+    embedding.trainable = True
+    compile_frozen(model)
+    model.fit(*frozen_data(np.arange(10)), batch_size=5, verbose=0)
+    assert embedding.engine.num_rows == 10
+    before = tables_of(embedding)
+    model.fit(*frozen_data(np.arange(10), seed=2), batch_size=5, verbose=0)
+    assert not np.array_equal(before[0]["weights"], tables_of(embedding)[0]["weights"])
+    assert not np.array_equal(before[0]["state"], tables_of(embedding)[0]["state"])
+
+
+def test_frozen_model_changes_nothing_and_frozen_columns_change_nothing():
+    model, embedding = frozen_case()
+    compile_frozen(model)
+    model.fit(*frozen_data(np.arange(10)), batch_size=5, verbose=0)
+    tables, weights = tables_of(embedding), [w.numpy().copy() for w in model.weights]
+    model.trainable = False
+    assert embedding.trainable is False
+    compile_frozen(model)
+    history = model.fit(*frozen_data(np.arange(20), seed=1), batch_size=5, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    for old, new in zip(weights, model.weights):
+        np.testing.assert_array_equal(old, new.numpy())
+    np.testing.assert_array_equal(tables[0]["weights"], tables_of(embedding)[0]["weights"])
+    assert embedding.engine.num_rows == 10
+    # FeatureColumns hold no trainable weight: freezing them changes no step.
+    model.trainable = True
+    model.feature_columns.trainable = False
+    compile_frozen(model)
+    model.fit(*frozen_data(np.arange(20), seed=1), batch_size=5, verbose=0)
+    assert embedding.engine.num_rows == 20
+
+
+def test_trainable_false_round_trips_through_model_save(tmp_path):
+    model, embedding = frozen_case()
+    embedding.trainable = False
+    compile_frozen(model)
+    model.save(tmp_path / "frozen.keras")
+    loaded = keras.models.load_model(tmp_path / "frozen.keras")
+    assert loaded.embedding_layers[0].trainable is False
+
+
+def test_inference_lookup_has_no_backward():
+    model, embedding = frozen_case()
+    compile_frozen(model)
+    model.fit(*frozen_data(np.arange(4)), batch_size=4, verbose=0)
+    before = tables_of(embedding)
+    x, _ = frozen_data(np.arange(4))
+    columns = model.feature_columns
+    _, sparse = columns.pack({k: torch.as_tensor(v) for k, v in columns.encode(x).items()})
+    out = embedding(sparse, training=False)
+    assert not out.requires_grad
+    np.testing.assert_array_equal(before[0]["weights"], tables_of(embedding)[0]["weights"])

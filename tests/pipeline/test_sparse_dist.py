@@ -29,8 +29,9 @@ class RecordingEngine:
 
 
 class Layer:
-    def __init__(self, engine):
+    def __init__(self, engine, trainable=True):
         self.engine = engine
+        self.trainable = trainable
 
 
 def items(count):
@@ -51,6 +52,14 @@ def test_next_batch_submitted_before_the_step_and_each_batch_keeps_its_routes():
                 assert first.engine.planned[-1] == index + 1
     assert stage.stats()["items"] == 8          # 4 batches x 2 layers
     assert first.engine.planned == second.engine.planned == [0, 1, 2, 3]
+
+
+def test_a_frozen_layer_is_routed_as_at_inference():
+    frozen, trained = Layer(RecordingEngine(), trainable=False), Layer(RecordingEngine())
+    with SparseDist([frozen, trained], training=True) as stage:
+        for index, batch in enumerate(stage.ahead(items(2))):
+            assert batch.routes[frozen].result() == ("routed", index, False)
+            assert batch.routes[trained].result() == ("routed", index, True)
 
 
 def test_leaving_early_waits_for_the_submitted_next_batch_only():

@@ -1,0 +1,54 @@
+"""Trains with a Keras habit on any number of ranks; rank 0 saves weights,
+tables and metrics (`common.save_all`). argv: out path, habit:
+`subclassed` (a subclassed rk.Model, as common.model() but written with
+call()), or `frozen` (common.model(), its tables frozen for a second epoch,
+the sparse-dist stage on)."""
+
+import sys
+
+import common  # noqa: E402  (adds nothing to sys.path; sits beside this file)
+
+import keras  # noqa: E402
+
+import reckeras as rk  # noqa: E402
+from reckeras import distributed  # noqa: E402
+
+
+class Ranker(rk.Model):
+    def __init__(self, columns):
+        super().__init__()
+        self.columns = columns
+        self.embedding = rk.layers.ShardedEmbedding(columns)
+        self.bottom = rk.layers.MLP([8, 4])
+        self.interaction = rk.layers.DotInteraction()
+        self.top = rk.layers.MLP([8, 1], output_activation="sigmoid")
+
+    def call(self, inputs):
+        dense, sparse = self.columns(inputs)
+        return self.top(self.interaction([self.bottom(dense), self.embedding(sparse)]))
+
+
+def compile_(model):
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
+                  metrics=[rk.metrics.AUC(), rk.metrics.GAUC(group="c")])
+
+
+out_path, habit = sys.argv[1], sys.argv[2]
+world = distributed.init(timeout_s=60)
+batch_size = common.GLOBAL_BATCH // world.size
+if habit == "subclassed":
+    keras.utils.set_random_seed(1)
+    model = Ranker(common.model().feature_columns)   # the same features
+    compile_(model)
+    model.fit(common.data(), batch_size=batch_size, epochs=2, shuffle=True, seed=3,
+              verbose=0)
+else:
+    model = common.model()
+    model.fit(common.data(), batch_size=batch_size, shuffle=True, seed=3, verbose=0,
+              pipeline=True)
+    model.embedding_layers[0].trainable = False
+    compile_(model)
+    model.fit(common.data(seed=1), batch_size=batch_size, shuffle=True, seed=4,
+              verbose=0, pipeline=True)
+common.save_all(model, out_path)

@@ -1,0 +1,78 @@
+"""Keras methods that cannot see the sharded tables are refused, each with a
+message naming the method and what to use instead; the others work."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+import reckeras as rk
+from reckeras.pipeline import refused
+from test_model import build, synthetic
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = build()
+    model.fit(synthetic(256), batch_size=128, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize("method, call, instead", [
+    ("stateless_call", lambda m: m.stateless_call([], [], {}), "predict_on_batch"),
+    ("get_state_tree", lambda m: m.get_state_tree(), r"get_weights\(\)/set_weights"),
+    ("set_state_tree", lambda m: m.set_state_tree({}), "load_checkpoint"),
+    ("export", lambda m: m.export("/nonexistent/model"), r"export_serving\(path\)"),
+])
+def test_methods_blind_to_the_tables_are_refused(model, method, call, instead):
+    with pytest.raises(NotImplementedError, match=rf"{method}\(\): .*{instead}"):
+        call(model)
+
+
+@dataclasses.dataclass
+class TwoRanks:
+    size: int = 2
+    rank: int = 0
+
+
+@pytest.mark.parametrize("method, call, instead", [
+    ("save", lambda m, p: m.save(p / "m.keras"), "save_checkpoint"),
+    ("save_weights", lambda m, p: m.save_weights(p / "m.weights.h5"), "save_checkpoint"),
+    ("load_weights", lambda m, p: m.load_weights(p / "m.weights.h5"), "load_checkpoint"),
+])
+def test_keras_files_of_one_rank_are_refused_under_torchrun(model, tmp_path, monkeypatch,
+                                                            method, call, instead):
+    monkeypatch.setattr(refused.distributed, "world", TwoRanks)
+    with pytest.raises(ValueError, match=rf"{method}\(\) under torchrun.*{instead}"):
+        call(model, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+class DenseOnly(rk.Model):
+    def __init__(self):
+        super().__init__()
+        self.columns = rk.layers.FeatureColumns([rk.features.Numeric("n")])
+        self.score = keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.score(self.columns(inputs)[0])
+
+
+def test_a_model_without_tables_keeps_keras_state_tree():
+    model = DenseOnly()
+    model.compile(optimizer="sgd", loss="mse")
+    model.predict_on_batch({"n": np.zeros(2, np.float32)})
+    tree = model.get_state_tree()
+    assert set(tree) >= {"trainable_variables", "non_trainable_variables"}
+    model.set_state_tree(tree)
+
+
+def test_what_works_on_one_rank(model, tmp_path):
+    weights = model.get_weights()
+    model.save_weights(tmp_path / "m.weights.h5")
+    model.load_weights(tmp_path / "m.weights.h5")
+    np.testing.assert_array_equal(model.get_weights()[0], weights[0])
+    assert model.get_layer(index=1).name and model.count_params() > 0
+    assert type(keras.models.model_from_json(model.to_json())) is type(model)
+    model.summary(print_fn=lambda *args, **kwargs: None)
