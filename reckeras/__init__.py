@@ -30,8 +30,8 @@ tune_malloc()
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("callbacks", "datasets", "distributed", "embedding", "features", "layers",
-               "metrics", "models", "optimizers", "serving")
+_SUBMODULES = ("callbacks", "checkpoint", "datasets", "distributed", "embedding", "features",
+               "layers", "metrics", "models", "optimizers", "serving")
 _NAMES = {"Model": "reckeras.pipeline.model", "NonFiniteStepError": "reckeras.pipeline.guard"}
 # What registers reckeras's classes with Keras (layers, losses, metrics, the
 # Model): imported as soon as Keras is, so `keras.models.load_model` finds them.

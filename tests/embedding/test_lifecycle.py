@@ -126,10 +126,10 @@ def test_rows_unseen_for_k_windows_age_out_and_come_back_fresh():
 def test_loaded_rows_count_as_trained_in_the_window_they_were_loaded_in():
     plan, engine = make({"a": rk.embedding.TableOptions(evict_idle_windows=1)})
     window(plan, engine, [([1, 2], [5, 5])])
-    snapshot = engine.export_tables()
+    snapshot = engine.table_states()
     window(plan, engine, [([1], [5])])                  # a=2 ages out
     assert row_of(engine, "a", 2) is None
-    engine.load_tables(snapshot)                        # before window 2
+    engine.load_table_states(snapshot)                        # before window 2
     assert window(plan, engine, [([1], [5])])["rows_evicted"] == 0
     assert row_of(engine, "a", 2) is not None           # K=1: loaded in window 2
     assert window(plan, engine, [([1], [5])])["rows_evicted"] == 1
