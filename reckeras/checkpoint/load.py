@@ -66,7 +66,7 @@ def load_checkpoint(model: Any, path: str | os.PathLike, warm_start: bool = Fals
     Exact by default: the model must have the tables and dense variables it
     was saved from, and compiled (its Keras optimizer's state is restored
     too; an optimizer not built yet is built first). With `warm_start=True`
-    the model may have changed (see the module docstring); its Keras
+    the model may have changed (see `plan`); its Keras
     optimizer's state is not restored then (it follows the dense variables,
     which changed), each row's sparse optimizer state is. Every rank calls
     it. Every file this rank needs is read and checked before anything

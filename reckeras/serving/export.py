@@ -200,10 +200,10 @@ def _write_manifest(model, embedding_layers, root, rows, min_count, world_size):
     layers = []
     for index, layer in enumerate(embedding_layers):
         tables = []
-        for table, store in enumerate(layer.tables):
+        for table, layout in enumerate(layer.engine.table_layouts()):
             names = [artifact.table_file(index, table, rank) for rank in range(world_size)]
             files.update((name, artifact.file_entry(root, name)) for name in names)
-            tables.append({"dim": store.dim, "files": names,
+            tables.append({"dim": layout.dim, "files": names,
                            "num_rows": sum(_rows_in(root, name) for name in names)})
         layers.append({"name": layer.name, "output": layer.output_mode,
                        "features": [serialize(s) for s in layer.specs], "tables": tables})
