@@ -35,8 +35,8 @@ select_torch_backend()
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("callbacks", "config", "datasets", "distributed", "embedding", "features",
-               "layers", "metrics", "models", "optimizers", "serving")
+_SUBMODULES = ("callbacks", "checkpoint", "config", "datasets", "distributed", "embedding",
+               "features", "layers", "metrics", "models", "optimizers", "serving")
 _NAMES = {"Model": "reckeras.pipeline.model", "NonFiniteStepError": "reckeras.pipeline.guard"}
 # What registers reckeras's classes with Keras (layers, losses, metrics, the
 # Model): imported as soon as Keras is, so `keras.models.load_model` finds them.

@@ -60,6 +60,8 @@ from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.row_dtypes import row_dtype
 from reckeras.embedding.sharding import owner_of
 from reckeras.embedding.table import PhysicalTable
+from reckeras.embedding.table_state import (TableLayout, TableState, layout_of,
+                                            load_arrays, state_of)
 
 if TYPE_CHECKING:
     from reckeras.optimizers import SparseOptimizer
@@ -121,6 +123,7 @@ class EmbeddingEngine:
         self._deferred = None          # the open DeferredUpdates, see deferred_updates
         self._device = torch.device("cpu")     # of the latest lookup's ids
         self._window_start = None      # (rows, evicted) at begin_window
+        self._delta_bases = {}         # checkpoint id -> the generation it ended
 
     def _store(self, group, init_scale, seed, device):
         plan = self.packing
@@ -157,52 +160,115 @@ class EmbeddingEngine:
         return [(store.store if isinstance(store, RowLifecycle) else store).cache
                 if store.storage == "host_cached" else None for store in self.tables]
 
-    def export_tables(self) -> list[dict[str, np.ndarray]]:
+    def table_layouts(self) -> list[TableLayout]:
+        """Every physical table's layout (no rows copied).
+
+        Returns:
+            One `TableLayout` per physical table, in `tables` order.
+        """
+        return [layout_of(store, group)
+                for store, group in zip(self.tables, self.packing.group_tables)]
+
+    def table_states(self) -> list[TableState]:
         """A copy of every physical table this rank holds.
 
-        A `host_cached` table writes its cache back first, so the arrays hold
+        A `host_cached` table writes its cache back first, so the states hold
         every row's newest value.
 
         Returns:
-            One `{"keys", "weights", "state", "seen_steps"}` dict of numpy
-            arrays per physical table (and `"tags"` where it tracks them), in
-            `tables` order (`RowStore.export`; weights in the table's row
-            dtype).
+            One `TableState` per physical table, in `tables` order.
 
         Example:
 
         ```python
-        snapshot = engine.export_tables()
+        snapshot = engine.table_states()
         ...                                  # train on
-        engine.load_tables(snapshot)         # the tables as they were
+        engine.load_table_states(snapshot)   # the tables as they were
         ```
         """
-        return [store.export() for store in self.tables]
+        return [state_of(store, layout, store.export())
+                for store, layout in zip(self.tables, self.table_layouts())]
 
-    def load_tables(self, tables: list[dict]) -> None:
-        """Replaces every physical table by what `export_tables` returned.
-
-        A `host_cached` table's cache empties (its copies are void).
+    def changed_since(self, checkpoint: str) -> list[TableState]:
+        """The rows changed since a checkpoint, and the keys deleted since.
 
         Args:
-            tables: one `{"keys", "weights", "state"}` dict per physical
-                table (optionally `"seen_steps"` and `"tags"`), in `tables`
-                order.
+            checkpoint: the id of a checkpoint `mark_saved` recorded since
+                the last full one (see `delta_bases`).
+
+        Returns:
+            One `TableState` per physical table: the rows created or
+            trained since, with `deleted` set.
+
+        Raises:
+            KeyError: `checkpoint` is not one of `delta_bases`.
+        """
+        generation = self._delta_bases[checkpoint]
+        return [state_of(store, layout, store.export_changes(generation))
+                for store, layout in zip(self.tables, self.table_layouts())]
+
+    @property
+    def delta_bases(self) -> frozenset[str]:
+        """The checkpoints `changed_since` can compare with: those marked
+        saved (`mark_saved`) since the last full one, that one included."""
+        return frozenset(self._delta_bases)
+
+    def mark_saved(self, checkpoint: str | None, full: bool) -> None:
+        """Records that the tables now equal a checkpoint (just saved, or
+        loaded): rows written from now on are newer than it.
+
+        Ends the tables' save generation. After a full checkpoint no delta
+        reaches further back: older bases and the keys deleted before are
+        forgotten.
+
+        Args:
+            checkpoint: the checkpoint's id; None when the tables equal no
+                checkpoint (a warm start loaded them): no delta can be
+                based on them.
+            full: a full checkpoint, or a load.
+
+        Example:
+
+        ```python
+        states = engine.changed_since(base_id)     # what a delta writes
+        engine.mark_saved(new_id, full=False)
+        ```
+        """
+        ended = [store.index.next_generation() for store in self.tables]
+        if full:
+            self._delta_bases = {}
+            for store, generation in zip(self.tables, ended):
+                store.index.forget_deleted(generation)
+        if checkpoint is not None and ended:
+            # The tables of one engine advance together: one generation.
+            self._delta_bases[checkpoint] = ended[0]
+
+    def load_table_states(self, states: list[TableState]) -> None:
+        """Replaces every physical table by the rows of `states` (what
+        `table_states` returned, or a checkpoint's).
+
+        A `host_cached` table's cache empties (its copies are void). Every
+        loaded row counts as written since the last checkpoint, and every
+        key held before as deleted; the delta bases are kept (the caller
+        says what the tables equal, `mark_saved`).
+
+        Args:
+            states: one `TableState` per physical table, in `tables` order.
 
         Raises:
             ValueError: a count or row width that is not this engine's; no
                 table is changed then.
         """
-        if len(tables) != len(self.tables):
-            raise ValueError(f"{len(tables)} tables given, the embedding layer has "
+        if len(states) != len(self.tables):
+            raise ValueError(f"{len(states)} tables given, the embedding layer has "
                              f"{len(self.tables)} (one per distinct dim)")
-        for store, arrays in zip(self.tables, tables):
-            shape = np.shape(arrays["weights"])
+        for store, state in zip(self.tables, states):
+            shape = np.shape(state.weights)
             if len(shape) != 2 or shape[1] != store.dim:
                 raise ValueError(f"table {store.name} cannot load weights of shape "
                                  f"{shape}: its rows have {store.dim} values")
-        for store, arrays in zip(self.tables, tables):
-            store.load(arrays)
+        for store, state in zip(self.tables, states):
+            store.load(load_arrays(state))
 
     # ---- time windows -------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from reckeras import _keras_compat
 from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.options import TableOptions
 from reckeras.embedding.packing import PackingPlan
+from reckeras.embedding.table_state import TableState
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import deserialize, serialize
 
@@ -185,33 +186,38 @@ class ShardedEmbedding(keras.layers.Layer):
 
     # ---- saving ----------------------------------------------------------------
 
-    def export_tables(self) -> list:
-        """A copy of this rank's tables: keys, rows, optimizer state and
-        each row's count of training steps.
+    def table_states(self) -> list[TableState]:
+        """A copy of this rank's tables: keys, rows, optimizer state, each
+        row's count of training steps (and its tag and last window where
+        the table keeps them).
 
         Returns:
-            One `{"keys", "weights", "state", "seen_steps"}` dict of numpy
-            arrays per physical table (`EmbeddingEngine.export_tables`).
+            One `rk.embedding.TableState` per physical table
+            (`EmbeddingEngine.table_states`).
         """
-        return self.engine.export_tables()
+        return self.engine.table_states()
 
-    def load_tables(self, tables: list) -> None:
-        """Replaces this rank's tables by what `export_tables` returned.
+    def load_table_states(self, states: list[TableState]) -> None:
+        """Replaces this rank's tables by what `table_states` returned.
 
         Args:
-            tables: one `{"keys", "weights", "state"}` dict per physical table.
+            states: one `rk.embedding.TableState` per physical table.
         """
-        self.engine.load_tables(tables)
+        self.engine.load_table_states(states)
 
     def save_own_variables(self, store: dict) -> None:
         """Writes the tables into a Keras weights store (`model.save`).
 
         Args:
-            store: the layer's store, keyed `table<i>_<keys|weights|state>`.
+            store: the layer's store, keyed `table<i>_<array>` for each of a
+                `TableState`'s arrays, and `table<i>_window` (the window
+                count) where the table ages out by windows.
         """
-        for index, table in enumerate(self.export_tables()):
-            for key, array in table.items():
-                store[f"table{index}_{key}"] = array
+        for index, state in enumerate(self.table_states()):
+            for name, array in state.arrays().items():
+                store[f"table{index}_{name}"] = array
+            if state.window is not None:
+                store[f"table{index}_window"] = np.asarray(state.window)
 
     def load_own_variables(self, store: dict) -> None:
         """Reads the tables back from a Keras weights store.
@@ -219,14 +225,20 @@ class ShardedEmbedding(keras.layers.Layer):
         Args:
             store: what `save_own_variables` wrote.
         """
-        # Each row's logical table ("tags") is saved since checkpoint format
-        # 3, its count of steps ("seen_steps") since format 4; a store written
-        # before has none: the rows' tables are unknown, their counts 0.
-        self.load_tables([
-            {key: np.asarray(store[f"table{index}_{key}"])
-             for key in ("keys", "weights", "state", "tags", "seen_steps")
-             if key in ("keys", "weights", "state") or f"table{index}_{key}" in store}
-            for index in range(len(self.engine.tables))])
+        # A store written before rows had tags, counts or windows lacks
+        # them: the rows' tables are unknown, their counts 0, and they count
+        # as trained in the current window.
+        def saved(index, name):
+            key = f"table{index}_{name}"
+            return np.asarray(store[key]) if key in store else None
+
+        states = []
+        for index, layout in enumerate(self.engine.table_layouts()):
+            arrays = {name: saved(index, name) for name in TableState.ARRAYS}
+            window = saved(index, "window")
+            states.append(TableState(layout, **arrays,
+                                     window=None if window is None else int(window)))
+        self.load_table_states(states)
 
     def get_config(self) -> dict:
         return {**super().get_config(),

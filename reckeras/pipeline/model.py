@@ -12,9 +12,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from reckeras import _allocator, _keras_compat, distributed
+from reckeras import _allocator, _keras_compat, checkpoint, distributed
 from reckeras import optimizers as sparse_optimizers
-from reckeras.embedding import checkpoint
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.metrics import GAUC
@@ -38,7 +37,7 @@ class WeightsWithTables(list):
 
     Args:
         weights: the Keras weights' values.
-        tables: `{layer name: ShardedEmbedding.export_tables()}`.
+        tables: `{layer name: ShardedEmbedding.table_states()}`.
     """
 
     def __init__(self, weights: list, tables: dict):
@@ -349,7 +348,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         """
         return WeightsWithTables(
             super().get_weights(),
-            {layer.name: layer.export_tables() for layer in self.embedding_layers})
+            {layer.name: layer.table_states() for layer in self.embedding_layers})
 
     def set_weights(self, weights: list) -> None:
         """Sets `model.weights`, and the tables when `weights` carries them.
@@ -362,7 +361,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         for layer in self.embedding_layers:
             tables = getattr(weights, "tables", {})
             if layer.name in tables:
-                layer.load_tables(tables[layer.name])
+                layer.load_table_states(tables[layer.name])
 
     def embedding_stats(self) -> dict:
         """Rows, memory and requests of every embedding table on every rank.
@@ -402,7 +401,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         `base`, a delta: the dense weights whole, and only the table rows
         (with their optimizer state) written since `base` and the keys
         deleted since; loading it loads `base` first. See
-        `reckeras.embedding.checkpoint` and `docs/continuous.md`. Every rank
+        `reckeras.checkpoint` and `docs/continuous.md`. Every rank
         must call it.
 
         Args:
@@ -447,7 +446,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
                 shape differs instead of raising (warm start only).
 
         Returns:
-            A `reckeras.embedding.checkpoint.LoadReport`: the chain loaded,
+            A `reckeras.checkpoint.LoadReport`: the chain loaded,
             and what a warm start added, skipped and renamed.
 
         Raises:

@@ -81,12 +81,12 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
         os.makedirs(os.path.join(staging, "tables"))
     distributed.barrier("the serving export's directory is made")
     for index, layer in enumerate(embedding_layers):
-        for table, arrays in enumerate(layer.export_tables()):
-            kept = slice(None) if min_count is None else arrays["seen_steps"] >= min_count
+        for table, state in enumerate(layer.table_states()):
+            kept = slice(None) if min_count is None else state.seen_steps >= min_count
             # Half-precision tables export their own dtype: encode from float32.
             stored = artifact.encode_rows(
-                arrays["weights"][kept].astype(np.float32, copy=False), rows)
-            save_file({"keys": arrays["keys"][kept], **stored},
+                state.weights[kept].astype(np.float32, copy=False), rows)
+            save_file({"keys": state.keys[kept], **stored},
                       os.path.join(staging, artifact.table_file(index, table, world.rank)))
     if world.rank == 0:
         _export_program(model, embedding_layers, os.path.join(staging, artifact.PROGRAM))
@@ -200,10 +200,10 @@ def _write_manifest(model, embedding_layers, root, rows, min_count, world_size):
     layers = []
     for index, layer in enumerate(embedding_layers):
         tables = []
-        for table, store in enumerate(layer.tables):
+        for table, layout in enumerate(layer.engine.table_layouts()):
             names = [artifact.table_file(index, table, rank) for rank in range(world_size)]
             files.update((name, artifact.file_entry(root, name)) for name in names)
-            tables.append({"dim": store.dim, "files": names,
+            tables.append({"dim": layout.dim, "files": names,
                            "num_rows": sum(_rows_in(root, name) for name in names)})
         layers.append({"name": layer.name, "output": layer.output_mode,
                        "features": [serialize(s) for s in layer.specs], "tables": tables})

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.packing import PackingPlan
+from reckeras.embedding.table_state import TableState
 from reckeras.features.encode import as_tensors, encode, raw_columns
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import FeatureSpec, deserialize
@@ -76,16 +77,15 @@ class Predictor:
         packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order)
         engine = EmbeddingEngine(packing, device="cpu")     # requests arrive on the host
         tables = []
-        for table, store in enumerate(engine.tables):
+        for table, layout in enumerate(engine.table_layouts()):
             # The files the manifest names (and read_manifest checked).
             parts = [self._rows(os.path.join(self.path, name))
                      for name in layer["tables"][table]["files"]]
             keys = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, torch.int64)
             weights = torch.cat([p[1] for p in parts]) if parts else \
-                torch.zeros(0, store.dim)
-            tables.append({"keys": keys, "weights": weights,
-                           "state": torch.zeros(keys.numel(), 0)})
-        engine.load_tables(tables)
+                torch.zeros(0, layout.dim)
+            tables.append(TableState(layout, keys, weights, torch.zeros(keys.numel(), 0)))
+        engine.load_table_states(tables)
         return packing, engine, layer["output"]
 
     def _rows(self, name):

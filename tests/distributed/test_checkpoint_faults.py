@@ -14,7 +14,7 @@ import pytest
 
 import reckeras as rk
 from launch import torchrun
-from reckeras.embedding.checkpoint import CheckpointError
+from reckeras.checkpoint import CheckpointError
 from workers import damage
 
 
@@ -42,14 +42,14 @@ def build(seed=0):
 def state(model):
     return {"dense": [v.numpy().copy() for v in model.variables],
             "optimizer": [v.numpy().copy() for v in model.optimizer.variables],
-            "tables": [layer.engine.export_tables() for layer in model.embedding_layers]}
+            "tables": [layer.engine.table_states() for layer in model.embedding_layers]}
 
 
 def flat(snapshot):
     arrays = snapshot["dense"] + snapshot["optimizer"]
     for layer in snapshot["tables"]:
         for table in layer:
-            arrays += [table[name] for name in ("keys", "weights", "state")]
+            arrays += [getattr(table, name) for name in ("keys", "weights", "state")]
     return arrays
 
 
@@ -227,7 +227,7 @@ def test_a_version_2_checkpoint_loads_into_its_model_only(trained, ckpt, tmp_pat
     fresh.load_checkpoint(ckpt)
     assert same(at_save, state(fresh))
     # Its rows carry no table: unknown (-1) in the packed dim-8 table.
-    assert set(fresh.embedding_layers[0].engine.export_tables()[1]["tags"]) == {-1}
+    assert set(fresh.embedding_layers[0].engine.table_states()[1].tags) == {-1}
     with pytest.raises(CheckpointError, match="format 2"):
         build(seed=5).load_checkpoint(ckpt, warm_start=True)
     with pytest.raises(ValueError, match="no checkpoint id"):

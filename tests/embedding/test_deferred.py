@@ -6,6 +6,8 @@ gradients are not finite, once discarded, must leave every row and every
 optimizer state as it was.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -107,7 +109,7 @@ def assert_same_tables(mine, theirs):
     assert len(mine) == len(theirs)
     for a, b in zip(mine, theirs):
         for name in ("keys", "weights", "state"):
-            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
 @pytest.fixture(params=["fused", "reference"])
@@ -131,7 +133,7 @@ def test_deferred_then_applied_equals_immediate(optimizer, storage, lifecycle,
     deferred, outputs = train(options, OPTIMIZERS[optimizer](), deferred=True)
     for mine, theirs in zip(outputs, expected):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
-    assert_same_tables(deferred.export_tables(), immediate.export_tables())
+    assert_same_tables(deferred.table_states(), immediate.table_states())
     if lifecycle:
         assert deferred.tables[1].evicted == immediate.tables[1].evicted > 0
 
@@ -161,19 +163,19 @@ def test_each_backward_path_is_deferred_and_checked(storage, backward_path, monk
     for raw in raws[:2]:                               # "b" and "h" get their rows
         loss_of(forward(plan, engine, raw)).backward()
     flat = forward(plan, engine, raws[2])
-    before = engine.export_tables()          # with the rows this forward created
+    before = engine.table_states()          # with the rows this forward created
     seen.clear()
     with engine.deferred_updates() as updates:
         loss_of(flat).backward()
         assert bool(updates.finite())
-        assert_same_tables(engine.export_tables(), before)      # nothing applied yet
+        assert_same_tables(engine.table_states(), before)      # nothing applied yet
         # One update per physical table, dims 3 and 2: ids of "a" and "c"
         # not admitted yet take the missing-row path, with row gradients.
         assert seen.count("_update") == 2 and seen.count("_update_dropping_last") == 2
         assert "apply_pooled" not in seen
         updates.apply()
-    assert not all(np.array_equal(a["weights"], b["weights"])
-                   for a, b in zip(engine.export_tables(), before))
+    assert not all(np.array_equal(a.weights, b.weights)
+                   for a, b in zip(engine.table_states(), before))
 
 
 def test_fused_pooled_path_checks_the_pooled_gradient(monkeypatch):
@@ -208,7 +210,7 @@ def test_nonfinite_step_discarded_changes_no_row_and_no_state(storage, value,
 
     raws = list(batches(6, seed=2))
     plan, engine = warm()
-    before = engine.export_tables()
+    before = engine.table_states()
     flat = forward(plan, engine, raws[-1])
     with engine.deferred_updates() as updates:
         loss_of(flat, poison=5, value=value).backward()   # one example's value
@@ -216,13 +218,13 @@ def test_nonfinite_step_discarded_changes_no_row_and_no_state(storage, value,
         updates.discard()
         assert not bool(updates.finite())      # still says why it was discarded
         updates.apply()                        # nothing left to apply
-    assert_same_tables(engine.export_tables(), before)
+    assert_same_tables(engine.table_states(), before)
     assert all(cache is None or int(cache.pins.sum()) == 0 for cache in engine.caches)
     # The next step trains as if the refused one had not happened.
     _, reference = warm()
     for current in (engine, reference):
         loss_of(forward(plan, current, raws[0])).backward()
-    assert_same_tables(engine.export_tables(), reference.export_tables())
+    assert_same_tables(engine.table_states(), reference.table_states())
 
 
 @pytest.mark.parametrize("storage", sorted(STORAGES))
@@ -239,8 +241,8 @@ def test_only_an_applied_update_marks_its_rows_and_counts_each_once(storage,
         store.index.next_generation()
 
     def marks():
-        tables = engine.export_tables()        # host-cached rows written back
-        return [(t["weights"].astype(np.float64), t["seen_steps"].copy(),
+        tables = engine.table_states()        # host-cached rows written back
+        return [(t.weights.astype(np.float64), t.seen_steps.copy(),
                  s.index.written_at[:s.index.num_rows].numpy().copy())
                 for t, s in zip(tables, engine.tables)]
 
@@ -275,22 +277,22 @@ def test_leaving_the_block_without_apply_discards_and_unpins():
     raws = list(batches(4, seed=3))
     for raw in raws:
         loss_of(forward(plan, engine, raw)).backward()
-    before = engine.export_tables()
+    before = engine.table_states()
     with engine.deferred_updates() as updates:
         loss_of(forward(plan, engine, raws[0])).backward()
         assert bool(updates.finite())
         assert all(int(cache.pins.sum()) > 0 for cache in engine.caches)
     assert all(int(cache.pins.sum()) == 0 for cache in engine.caches)
-    assert_same_tables(engine.export_tables(), before)
+    assert_same_tables(engine.table_states(), before)
     with pytest.raises(ZeroDivisionError):         # an error inside the block: same
         with engine.deferred_updates():
             loss_of(forward(plan, engine, raws[1])).backward()
             raise ZeroDivisionError
     assert all(int(cache.pins.sum()) == 0 for cache in engine.caches)
-    assert_same_tables(engine.export_tables(), before)
+    assert_same_tables(engine.table_states(), before)
     loss_of(forward(plan, engine, raws[1])).backward()     # outside: applied at once
-    assert not all(np.array_equal(a["weights"], b["weights"])
-                   for a, b in zip(engine.export_tables(), before))
+    assert not all(np.array_equal(a.weights, b.weights)
+                   for a, b in zip(engine.table_states(), before))
 
 
 def test_two_lookups_before_one_deferred_backward_equal_immediate():
@@ -310,7 +312,7 @@ def test_two_lookups_before_one_deferred_backward_equal_immediate():
                     updates.apply()
             else:
                 loss_of(flat).backward()
-        results.append(engine.export_tables())
+        results.append(engine.table_states())
     assert_same_tables(*results)
 
 
@@ -342,23 +344,23 @@ def test_one_deferral_at_a_time():
         pass
 
 
-def test_export_tables_is_a_copy_and_load_tables_its_inverse():
+def test_table_states_are_a_copy_and_load_table_states_their_inverse():
     plan, engine = make(STORAGES["host_cached"], rk.optimizers.Adam(0.05))
     raws = list(batches(5, seed=5))
     for raw in raws[:3]:
         loss_of(forward(plan, engine, raw)).backward()
-    snapshot = engine.export_tables()
-    frozen = [{k: v.copy() for k, v in t.items()} for t in snapshot]
+    snapshot = engine.table_states()
+    frozen = copy.deepcopy(snapshot)
     for raw in raws[3:]:
         loss_of(forward(plan, engine, raw)).backward()
     assert_same_tables(snapshot, frozen)              # training changed no snapshot
-    engine.load_tables(snapshot)
-    assert_same_tables(engine.export_tables(), frozen)
+    engine.load_table_states(snapshot)
+    assert_same_tables(engine.table_states(), frozen)
     with pytest.raises(ValueError, match="3 tables given, the embedding layer has 2"):
-        engine.load_tables(snapshot + snapshot[:1])
+        engine.load_table_states(snapshot + snapshot[:1])
     with pytest.raises(ValueError, match=r"\(dim 3\) cannot load weights of shape \(\d+, 2\)"):
-        engine.load_tables([snapshot[0], snapshot[0]])
-    assert_same_tables(engine.export_tables(), frozen)   # a refused load changes nothing
+        engine.load_table_states([snapshot[0], snapshot[0]])
+    assert_same_tables(engine.table_states(), frozen)   # a refused load changes nothing
 
 
 @pytest.mark.parametrize("poisoned, finite", [(1, True), (0, False)])
@@ -375,7 +377,7 @@ def test_missing_row_path_checks_only_the_gradients_it_applies(poisoned, finite,
     for ids in ([1], [1, 3]):       # 1: admitted at its second step; 3: not yet
         packed = plan.packed_sparse({"a": torch.tensor(ids)})
         (out, _), = engine.lookup(packed["ids"], packed["offsets"], training=True)
-    before = engine.export_tables()
+    before = engine.table_states()
     weights = torch.ones(2, 1, 2)
     weights[poisoned] = float("nan")
     with engine.deferred_updates() as updates:
@@ -383,7 +385,7 @@ def test_missing_row_path_checks_only_the_gradients_it_applies(poisoned, finite,
         assert bool(updates.finite()) is finite
         if finite:
             updates.apply()
-    (after,) = engine.export_tables()
-    assert after["keys"].tolist() == before[0]["keys"].tolist()    # id 1's row only
-    expected = before[0]["weights"] - (1.0 if finite else 0.0)
-    np.testing.assert_array_equal(after["weights"], expected)
+    (after,) = engine.table_states()
+    assert after.keys.tolist() == before[0].keys.tolist()    # id 1's row only
+    expected = before[0].weights - (1.0 if finite else 0.0)
+    np.testing.assert_array_equal(after.weights, expected)

@@ -127,11 +127,11 @@ def test_training_on_half_rows_stays_close_to_float32(dtype):
     for mine, theirs in zip(outputs, expected):
         scale = float(theirs.abs().max())
         assert float((mine - theirs).abs().max()) < 0.05 * scale
-    full_rows, half_rows = full[1].export_tables()[0], half[1].export_tables()[0]
-    np.testing.assert_array_equal(full_rows["keys"], half_rows["keys"])
-    error = half_rows["weights"].astype(np.float32) - full_rows["weights"]
-    assert np.abs(error).mean() < 0.02 * np.abs(full_rows["weights"]).mean()
-    np.testing.assert_allclose(half_rows["state"], full_rows["state"], rtol=0.05)
+    full_rows, half_rows = full[1].table_states()[0], half[1].table_states()[0]
+    np.testing.assert_array_equal(full_rows.keys, half_rows.keys)
+    error = half_rows.weights.astype(np.float32) - full_rows.weights
+    assert np.abs(error).mean() < 0.02 * np.abs(full_rows.weights).mean()
+    np.testing.assert_allclose(half_rows.state, full_rows.state, rtol=0.05)
 
 
 @pytest.mark.parametrize("dtype", HALVES)
@@ -142,9 +142,9 @@ def test_cached_half_table_trains_bit_for_bit_as_on_device(dtype):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
     assert cached[1].tables[0].weights.dtype == TORCH[dtype]      # the device tier
     assert cached[1].tables[0].index.weights.dtype == TORCH[dtype]    # the host tier
-    mine, theirs = cached[1].export_tables()[0], device[1].export_tables()[0]
+    mine, theirs = cached[1].table_states()[0], device[1].table_states()[0]
     for name in ("keys", "weights", "state"):
-        np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
+        np.testing.assert_array_equal(getattr(mine, name), getattr(theirs, name), err_msg=name)
     cache = cached[1].stats()["tables"][0]["cache"]
     assert cache["rows_out"] > 0                      # the budget made it evict
     # 3 tables of 40 rows, each of 4 half values and 1 float32 state value.
@@ -175,9 +175,9 @@ def model_with(dtype):
 
 
 def rows_of(model):
-    table = model.embedding_layers[0].engine.export_tables()[0]
-    order = np.argsort(table["keys"])
-    return {name: table[name][order] for name in ("keys", "weights", "state")}
+    table = model.embedding_layers[0].engine.table_states()[0]
+    order = np.argsort(table.keys)
+    return {name: getattr(table, name)[order] for name in ("keys", "weights", "state")}
 
 
 @pytest.mark.parametrize("dtype", HALVES)

@@ -1,5 +1,7 @@
 """Admission and eviction of rows."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -126,10 +128,17 @@ def test_rows_unseen_for_k_windows_age_out_and_come_back_fresh():
 def test_loaded_rows_count_as_trained_in_the_window_they_were_loaded_in():
     plan, engine = make({"a": rk.embedding.TableOptions(evict_idle_windows=1)})
     window(plan, engine, [([1, 2], [5, 5])])
-    snapshot = engine.export_tables()
+    snapshot = engine.table_states()
     window(plan, engine, [([1], [5])])                  # a=2 ages out
     assert row_of(engine, "a", 2) is None
-    engine.load_tables(snapshot)                        # before window 2
+    # A state with its windows puts the rows' ages back: a=2 ages out again.
+    engine.load_table_states(snapshot)
+    assert [state.window for state in snapshot] == [1]        # one window ended
+    assert window(plan, engine, [([1], [5])])["rows_evicted"] == 1
+    # A state without them (a model.save of before windows were saved):
+    # its rows count as trained in the window they are loaded in.
+    engine.load_table_states([dataclasses.replace(state, last_window=None, window=None)
+                              for state in snapshot])         # before window 3
     assert window(plan, engine, [([1], [5])])["rows_evicted"] == 0
     assert row_of(engine, "a", 2) is not None           # K=1: loaded in window 2
     assert window(plan, engine, [([1], [5])])["rows_evicted"] == 1

@@ -63,9 +63,9 @@ def key(raw_id, table="a"):
 def counts_by_id(model):
     """{raw id: seen_steps} of the model's one table."""
     layer, = model.embedding_layers
-    table, = layer.export_tables()
-    by_key = dict(zip(table["keys"].tolist(), table["seen_steps"].tolist()))
-    assert table["seen_steps"].dtype == np.int32
+    table, = layer.table_states()
+    by_key = dict(zip(table.keys.tolist(), table.seen_steps.tolist()))
+    assert table.seen_steps.dtype == np.int32
     return {raw: by_key[key(raw)] for raw in HAND_COUNTS if key(raw) in by_key}
 
 
@@ -196,6 +196,6 @@ def test_an_index_without_window_counts_is_refused(tmp_path):
     del index["index_crc32"]
     index["index_crc32"] = zlib.crc32(json.dumps(index, sort_keys=True).encode())
     path.write_text(json.dumps(index))
-    with pytest.raises(rk.embedding.CheckpointError, match="index.json is damaged or not a "
+    with pytest.raises(rk.checkpoint.CheckpointError, match="index.json is damaged or not a "
                                                           "reckeras index: windows"):
         build().load_checkpoint(tmp_path / "full")

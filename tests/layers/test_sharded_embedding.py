@@ -62,6 +62,36 @@ def test_training_without_dense_weights_and_save_load(tmp_path):
     loaded.fit(x, y, batch_size=4, verbose=0)
 
 
+def test_model_save_keeps_every_array_of_the_table_states(tmp_path):
+    """`model.save` writes the same `TableState`s as checkpoints: rows,
+    state, counts, and for a table aging out by windows each row's last
+    window and the window count."""
+    columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=2)])
+    inputs = columns.inputs()
+    layer = rk.layers.ShardedEmbedding(columns, table_options={
+        "a": rk.embedding.TableOptions(evict_idle_windows=3)})
+    model = rk.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(
+        layer(columns(inputs)[1]))))
+    model.compile(optimizer="sgd", loss="mse", embedding_optimizer=rk.optimizers.Adagrad(0.1))
+    windows = [{"a": np.array(ids), "label": np.ones(len(ids), np.float32)}
+               for ids in ([1, 2, 3, 1], [1, 4], [4, 4, 5])]
+    model.fit_windows(windows, batch_size=2, verbose=0, labels="label")
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    (saved,), (got,) = model.embedding_layers[0].table_states(), \
+        loaded.embedding_layers[0].table_states()
+    assert saved.window == got.window == 3
+    order, got_order = np.argsort(saved.keys), np.argsort(got.keys)
+    assert set(saved.arrays()) == set(got.arrays()) == {
+        "keys", "weights", "state", "seen_steps", "last_window"}
+    for name, values in saved.arrays().items():
+        np.testing.assert_array_equal(getattr(got, name)[got_order], values[order],
+                                      err_msg=name)
+    # Ids 2 and 3 were last trained in window 0, 5 in window 2 (by hand).
+    last = dict(zip(saved.keys[order].tolist(), saved.last_window[order].tolist()))
+    assert sorted(last.values()) == [0, 0, 1, 2, 2]
+
+
 def test_config_round_trip():
     columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=4)])
     layer = rk.layers.ShardedEmbedding(columns, init_scale=0.01, seed=5)
@@ -117,8 +147,9 @@ def compile_frozen(model):
 
 
 def tables_of(layer):
-    return [{key: value.copy() for key, value in table.items()}
-            for table in layer.export_tables()]
+    return [{"keys": table.keys.copy(), "weights": table.weights.copy(),
+             "state": table.state.copy(), "seen_steps": table.seen_steps.copy()}
+            for table in layer.table_states()]
 
 
 def dense_of(model):

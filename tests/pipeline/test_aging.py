@@ -87,7 +87,7 @@ def reference(num_windows):
 
 def held_keys(model):
     layer, = model.embedding_layers
-    return {int(k) for k in layer.export_tables()[0]["keys"]}
+    return {int(k) for k in layer.table_states()[0].keys}
 
 
 @pytest.mark.parametrize("storage", ["device", "host_cached"])
@@ -118,9 +118,9 @@ def test_no_row_counts_without_aging():
 
 def tables_by_key(model):
     layer, = model.embedding_layers
-    table = layer.export_tables()[0]
-    order = np.argsort(table["keys"])
-    return {name: values[order] for name, values in table.items()}
+    table = layer.table_states()[0]
+    order = np.argsort(table.keys)
+    return {name: values[order] for name, values in table.arrays().items()}
 
 
 @pytest.mark.parametrize("storage", ["device", "host_cached"])

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import reckeras as rk
-from reckeras.embedding.checkpoint import CheckpointError
+from reckeras.checkpoint import CheckpointError
 
 STEPS = 16          # 1024 rows at batch 64
 

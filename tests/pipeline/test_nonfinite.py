@@ -46,16 +46,16 @@ def state(model):
     """Dense weights, dense optimizer variables and every table's export."""
     return ([v.numpy().copy() for v in model.weights],
             [v.numpy().copy() for v in model.optimizer.variables],
-            [t for layer in model.embedding_layers for t in layer.export_tables()])
+            [t for layer in model.embedding_layers for t in layer.table_states()])
 
 
 def assert_unchanged(before, after):
     for a, b in zip(before[0] + before[1], after[0] + after[1]):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(before[2], after[2]):
-        np.testing.assert_array_equal(a["keys"], b["keys"])
-        np.testing.assert_array_equal(a["weights"], b["weights"])
-        np.testing.assert_array_equal(a["state"], b["state"])
+        np.testing.assert_array_equal(a.keys, b.keys)
+        np.testing.assert_array_equal(a.weights, b.weights)
+        np.testing.assert_array_equal(a.state, b.state)
 
 
 def poison(table, rows):
@@ -85,8 +85,8 @@ def test_nan_embedding_gradient_alone_is_caught():
     # no dense weight or optimizer variable changed.
     assert_unchanged(before[:2] + ([],), after[:2] + ([],))
     for table in after[2]:
-        assert np.isfinite(table["weights"]).all()
-        assert (table["state"] == table["state"].flat[0]).all()    # never updated
+        assert np.isfinite(table.weights).all()
+        assert (table.state == table.state.flat[0]).all()    # never updated
 
 
 def test_skip_equals_training_without_the_bad_batch():
@@ -105,10 +105,10 @@ def test_skip_equals_training_without_the_bad_batch():
     # Same rows for every key the reference holds; keys only the refused batch
     # brought are still at their initial values (never updated).
     for got, want in zip(a[2], b[2]):
-        index = {key: i for i, key in enumerate(got["keys"])}
-        rows = [index[key] for key in want["keys"]]
-        np.testing.assert_array_equal(got["weights"][rows], want["weights"])
-        np.testing.assert_array_equal(got["state"][rows], want["state"])
+        index = {key: i for i, key in enumerate(got.keys)}
+        rows = [index[key] for key in want.keys]
+        np.testing.assert_array_equal(got.weights[rows], want.weights)
+        np.testing.assert_array_equal(got.state[rows], want.state)
 
 
 def test_nonfinite_policy_is_validated():

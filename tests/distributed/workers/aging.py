@@ -34,9 +34,9 @@ world = distributed.init(timeout_s=60)
 def gathered(model):
     """{key: (row, state)} over all ranks."""
     layer, = model.embedding_layers
-    table = layer.export_tables()[0]
+    table = layer.table_states()[0]
     return common.merged_over_ranks({int(k): (w.tolist(), s.tolist()) for k, w, s in zip(
-        table["keys"], table["weights"], table["state"])})
+        table.keys, table.weights, table.state)})
 
 
 def counts(*histories):

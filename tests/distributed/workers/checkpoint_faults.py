@@ -26,8 +26,8 @@ from reckeras import distributed
 def state(model):
     arrays = [v.numpy().copy() for v in model.variables + model.optimizer.variables]
     for layer in model.embedding_layers:
-        for table in layer.engine.export_tables():
-            arrays += [table[name] for name in ("keys", "weights", "state")]
+        for table in layer.engine.table_states():
+            arrays += [getattr(table, name) for name in ("keys", "weights", "state")]
     return arrays
 
 

@@ -65,12 +65,12 @@ if sys.argv[1] == "save":
     m.save_checkpoint(sys.argv[2])
 else:
     load_peak = peak_growth(lambda: m.load_checkpoint(sys.argv[2]))
-    (arrays,) = m.embedding_layers[0].engine.export_tables()
-    order = np.argsort(arrays["keys"])
-    np.testing.assert_array_equal(arrays["keys"][order], mine.numpy())
+    (table,) = m.embedding_layers[0].engine.table_states()
+    order = np.argsort(table.keys)
+    np.testing.assert_array_equal(table.keys[order], mine.numpy())
     weights, state = values(mine)
-    np.testing.assert_array_equal(arrays["weights"][order], weights.numpy())
-    np.testing.assert_array_equal(arrays["state"][order], state.numpy())
-    share = sum(a.nbytes for a in arrays.values())
+    np.testing.assert_array_equal(table.weights[order], weights.numpy())
+    np.testing.assert_array_equal(table.state[order], state.numpy())
+    share = sum(a.nbytes for a in table.arrays().values())
     with open(f"{sys.argv[4]}{world.rank}.json", "w") as f:
         json.dump({"load_peak": load_peak, "share": share}, f)

@@ -88,7 +88,8 @@ def assert_same(mine, theirs, what):
     assert len(mine) == len(theirs), what
     for a, b in zip(mine, theirs):
         for name in ("keys", "weights", "state"):
-            np.testing.assert_array_equal(a[name], b[name], err_msg=f"{what}: {name}")
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name),
+                                          err_msg=f"{what}: {name}")
 
 
 def check_routed():
@@ -107,7 +108,7 @@ def check_routed():
     planned = routed.route_ahead(ids, offsets, False)
     torch.testing.assert_close(flat(routed.lookup(ids, offsets, False, routed=planned)),
                                flat(plain.lookup(ids, offsets, False)), rtol=0, atol=0)
-    assert_same(routed.export_tables(), plain.export_tables(), "routed")
+    assert_same(routed.table_states(), plain.table_states(), "routed")
     # Routes of another batch are refused on every rank, before any exchange.
     other = batch(100)
     planned = routed.route_ahead(other["ids"], other["offsets"], True)
@@ -117,7 +118,7 @@ def check_routed():
         assert "planned for another batch" in str(error)
     else:
         raise AssertionError("routes of another batch were used")
-    assert_same(routed.export_tables(), plain.export_tables(), "after the refusal")
+    assert_same(routed.table_states(), plain.table_states(), "after the refusal")
 
 
 def check_deferred():
@@ -133,7 +134,7 @@ def check_deferred():
             # Nothing moved yet: no exchange ran, no row changed.
             assert agreed(updates.finite())
             updates.apply()
-    assert_same(deferred.export_tables(), immediate.export_tables(), "deferred")
+    assert_same(deferred.table_states(), immediate.table_states(), "deferred")
 
     # One rank's NaN: every rank discards, no rank's rows change.
     sparse = batch(3)
@@ -141,7 +142,7 @@ def check_deferred():
     flat(immediate.lookup(sparse["ids"], sparse["offsets"], True))   # same forward
     immediate.release_pins()
     # After the forward: ids admitted by it have their rows, at initial values.
-    before = deferred.export_tables()
+    before = deferred.table_states()
     # Past the dim-3 block ([B, 1, 3] of "h"): the gradient of example 0's "a".
     poison = 12 * 3 + 1 if world.rank == 1 else None
     with deferred.deferred_updates() as updates:
@@ -150,7 +151,7 @@ def check_deferred():
         assert local is (world.rank != 1)
         assert not agreed(updates.finite())
         updates.discard()
-    assert_same(deferred.export_tables(), before, "discarded")
+    assert_same(deferred.table_states(), before, "discarded")
     # And training goes on in step on every rank, as if the step had not been.
     for step in (4, 5):
         sparse = batch(step)
@@ -160,7 +161,7 @@ def check_deferred():
                                          True))).backward()
             assert agreed(updates.finite())
             updates.apply()
-    assert_same(deferred.export_tables(), immediate.export_tables(), "after the discard")
+    assert_same(deferred.table_states(), immediate.table_states(), "after the discard")
     if mode == "host_cached":
         assert all(int(c.pins.sum()) == 0 for c in deferred.caches if c is not None)
 

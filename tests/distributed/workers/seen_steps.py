@@ -24,9 +24,9 @@ model = common.model()
 
 def counts():
     """{key: seen_steps} of the one physical table, over all ranks."""
-    table, = model.embedding_layers[0].export_tables()
-    merged = common.merged_over_ranks(dict(zip(table["keys"].tolist(),
-                                               table["seen_steps"].tolist())))
+    table, = model.embedding_layers[0].table_states()
+    merged = common.merged_over_ranks(dict(zip(table.keys.tolist(),
+                                               table.seen_steps.tolist())))
     return {str(k): v for k, v in merged.items()}
 
 

@@ -13,7 +13,7 @@ import pyarrow.compute  # noqa: F401 -- pa.compute
 import pytest
 
 import reckeras as rk
-from reckeras.embedding.checkpoint import CheckpointError
+from reckeras.checkpoint import CheckpointError
 
 
 def data(n=800, seed=0, shift=0):
@@ -62,10 +62,10 @@ def tables_by_key(model):
     """Per layer and physical table: {key: (row, state, tag)}."""
     result = []
     for layer in model.embedding_layers:
-        for table in layer.engine.export_tables():
-            tags = table.get("tags", np.full(table["keys"].size, -2))
+        for table in layer.engine.table_states():
+            tags = np.full(table.keys.size, -2) if table.tags is None else table.tags
             result.append({int(k): (w, s, int(g)) for k, w, s, g in
-                           zip(table["keys"], table["weights"], table["state"], tags)})
+                           zip(table.keys, table.weights, table.state, tags)})
     return result
 
 

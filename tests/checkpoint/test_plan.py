@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import reckeras as rk
-from reckeras.embedding.checkpoint import CheckpointError
+from reckeras.checkpoint import CheckpointError
 
 SAVED = {"a": ("a", 8), "b": ("old_b", 8), "c": ("c", 4)}
 CHANGED = {"a": ("a", 8), "b": ("new_b", 8), "e": ("e", 4)}
@@ -124,8 +124,8 @@ def test_a_warm_start_from_a_chain_loads_its_last_state(saved, tmp_path):
 
 def snapshot(model):
     return [v.numpy().copy() for v in model.weights] + [
-        array for table in model.embedding_layers[0].engine.export_tables()
-        for array in table.values()]
+        array for table in model.embedding_layers[0].engine.table_states()
+        for array in table.arrays().values()]
 
 
 def unchanged(before, model):
