@@ -154,8 +154,7 @@ def interpreted() -> bool:
 
 def register(schema: str, *, reference: Callable, fake: Callable,
              triton: Callable | None = None, native: Callable | None = None,
-             native_usable: Callable[..., bool] | None = None
-             ) -> torch._ops.OpOverload:
+             native_usable: Callable[..., bool] | None = None) -> Callable[..., Any]:
     """Defines the torch op `reckeras::<name>` of a kernel family's entry point.
 
     The op's CPU implementation runs `triton` inside `triton_on_cpu()`, else
