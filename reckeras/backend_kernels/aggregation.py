@@ -21,6 +21,9 @@ slots and sources = table rows.
 * native CPU kernels (`cpu_native`), where they can be built, for
   `aggregate_row_grads` and `unique_rows`.
 
+Both entry points are torch ops (`reckeras::aggregate_row_grads`,
+`reckeras::unique_rows`; `dispatch.register`).
+
 `group_by` avoids the sort when the keys are a permutation (a one-hot
 forward: one id per output slot) and otherwise sorts int32 keys, which torch
 sorts about twice as fast as int64 on CPU.
@@ -29,8 +32,9 @@ sorts about twice as fast as int64 on CPU.
 import torch
 
 from reckeras import ragged
-from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
-                                               next_power_of_2, use_native, use_triton)
+from reckeras.backend_kernels import cpu_native
+from reckeras.backend_kernels.dispatch import (constexpr, kernel, next_power_of_2,
+                                               register)
 
 TILE = 2048           # elements of one program's [GROUPS, BLOCK_N, BLOCK_D] tile
 MAX_BLOCK_N = 16      # ids per step of a segment
@@ -236,7 +240,7 @@ def segment_sum_reference(source: torch.Tensor, source_row: torch.Tensor,
 
 
 @kernel
-def _segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends, cols,
+def segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends, cols,
                   in_row, dim, INDIRECT: constexpr, BLOCK_N: constexpr,
                   GROUPS: constexpr, BLOCK_D: constexpr):
     """`[GROUPS, BLOCK_D]` float32 sums of the segments `[starts, ends)`.
@@ -272,13 +276,10 @@ def _segment_sum_kernel(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts
     in_row = cols < dim
     starts = tl.load(starts_ptr + groups, mask=valid, other=0)
     ends = tl.load(ends_ptr + groups, mask=valid, other=0)
-    acc = _segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends,
+    acc = segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends,
                         cols, in_row, dim, INDIRECT, BLOCK_N, GROUPS, BLOCK_D)
     tl.store(out_ptr + groups[:, None] * dim + cols[None, :], acc,
              mask=valid[:, None] & in_row[None, :])
-
-
-_triton = TritonKernels(globals())
 
 
 def ids_per_step(num_items: int, num_groups: int) -> int:
@@ -406,8 +407,7 @@ def segment_sums(source: torch.Tensor, source_row: torch.Tensor, scale: torch.Te
         block_d = column_block(dim)
         groups = groups_per_program(block_n, block_d)
         grid = (-(-num_groups // groups), -(-dim // block_d))
-        ns = _triton.ready()
-        ns["_segment_sum_kernel"][grid](
+        _segment_sum_kernel[grid](
             source.contiguous(), source_row.contiguous(), scale.contiguous(),
             order.contiguous(), starts, ends, out, num_groups, dim,
             INDIRECT=indirect, BLOCK_N=block_n, GROUPS=groups, BLOCK_D=block_d)
@@ -515,6 +515,19 @@ def aggregate_row_grads_triton(grad_out: torch.Tensor, unique_index: torch.Tenso
     return segment_sum_triton(grad_out, destination, id_weight, order, offsets)
 
 
+# ---- the torch ops (dispatch.register) ----------------------------------------------
+
+_aggregate_row_grads = register(
+    "aggregate_row_grads(Tensor grad_out, Tensor unique_index, Tensor destination, "
+    "Tensor id_weight, int num_unique) -> Tensor",
+    reference=aggregate_row_grads_reference, triton=aggregate_row_grads_triton,
+    native=cpu_native.aggregate,
+    native_usable=lambda grad_out, unique_index, destination, id_weight, num_unique:
+        cpu_native.usable(grad_out, unique_index, destination, id_weight),
+    fake=lambda grad_out, unique_index, destination, id_weight, num_unique:
+        grad_out.new_empty((num_unique, grad_out.shape[1]), dtype=torch.float32))
+
+
 def aggregate_row_grads(grad_out: torch.Tensor, unique_index: torch.Tensor,
                         destination: torch.Tensor, id_weight: torch.Tensor,
                         num_unique: int) -> torch.Tensor:
@@ -545,13 +558,7 @@ def aggregate_row_grads(grad_out: torch.Tensor, unique_index: torch.Tensor,
     # tensor([[6., 6.], [1., 1.]])
     ```
     """
-    if use_native(grad_out, unique_index, destination, id_weight):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.aggregate(grad_out, unique_index, destination, id_weight,
-                                    num_unique)
-    fn = aggregate_row_grads_triton if use_triton(grad_out) \
-        else aggregate_row_grads_reference
-    return fn(grad_out, unique_index, destination, id_weight, num_unique)
+    return _aggregate_row_grads(grad_out, unique_index, destination, id_weight, num_unique)
 
 
 def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -578,9 +585,27 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     unique[index]   # tensor([5, 2, 5, 7])
     ```
     """
-    if use_native(rows):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.unique_rows(rows, num_rows)
+    return _unique_rows(rows, num_rows)
+
+
+def unique_rows_reference(rows: torch.Tensor,
+                          num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`unique_rows` with torch ops (CPU without the native kernels, and CUDA).
+
+    Args:
+        rows, num_rows: as for `unique_rows`.
+
+    Returns:
+        What `unique_rows` returns, the distinct rows sorted.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.aggregation import unique_rows_reference
+
+    unique_rows_reference(torch.tensor([5, 2, 5, 7]), 8)   # ([2, 5, 7], [1, 0, 1, 2])
+    ```
+    """
     size = max(num_rows, 1)
     mark = torch.zeros(size, dtype=torch.bool, device=rows.device)
     mark.index_fill_(0, rows, True)
@@ -588,3 +613,11 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     position = torch.empty(size, dtype=torch.int64, device=rows.device)
     position.index_copy_(0, unique, torch.arange(unique.numel(), device=rows.device))
     return unique, position.index_select(0, rows)
+
+
+_unique_rows = register(
+    "unique_rows(Tensor rows, int num_rows) -> (Tensor, Tensor)",
+    reference=unique_rows_reference, native=cpu_native.unique_rows,
+    native_usable=lambda rows, num_rows: cpu_native.usable(rows),
+    fake=lambda rows, num_rows: (
+        rows.new_empty(torch.library.get_ctx().new_dynamic_size()), torch.empty_like(rows)))

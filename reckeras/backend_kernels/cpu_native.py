@@ -10,17 +10,13 @@ what holds for torch's CPU ops holds here: a process forked after they ran
 must not run them (GNU OpenMP's pool does not survive `fork`; use the
 `spawn` start method, as torchrun and `torch.multiprocessing.spawn` do).
 
-They are compiled on first use with the system C
-compiler (`cc -O3 -fopenmp`, about a second; without OpenMP when the
-compiler lacks it) into a cache directory (`RECKERAS_CACHE_DIR` or
-`~/.cache/reckeras`). Without a compiler, or with `RECKERAS_NATIVE=0`,
-`available()` is False and the library keeps using the torch references.
-
-`RECKERAS_NATIVE_SANITIZE=1` builds them instead with AddressSanitizer and
-UndefinedBehaviorSanitizer (`-fsanitize=address,undefined
--fno-sanitize-recover=all`, into a file of its own beside the optimized
-one), and a failed build then raises instead of falling back: the process
-must have the ASan runtime loaded first (`LD_PRELOAD` of `gcc
+They are compiled on first use (`native_build`: the system C compiler,
+`$CC` or `cc`, into `rk.config`'s `cache_dir`) and loaded here by
+`library()`. Without a compiler (a warning names what to install), or with
+`RECKERAS_NATIVE=0`, `available()` is False and the library keeps using
+the torch references. `RECKERAS_NATIVE_SANITIZE=1` loads the sanitized
+build instead, and a failed build then raises instead of falling back: the
+process must have the ASan runtime loaded first (`LD_PRELOAD` of `gcc
 -print-file-name=libasan.so`), which `scripts/test_sanitized.sh` arranges.
 
 The wrappers are the boundary between Python and C, and a bad argument is
@@ -32,20 +28,15 @@ the sizes it is passed. The index *values* (rows, positions, destinations)
 are checked by the C kernels themselves before they touch memory through
 them, which costs 0-2% of a kernel where a torch `aminmax` per index tensor
 before the call cost 8-15% (cpu_native.c); the wrapper raises a `ValueError`
-naming the argument, and nothing the caller can see was written. The
-callers in `hashing`, `hash_table`, `aggregation`, `pooling` and
-`sparse_optimizers` call a kernel where `usable` holds for its tensors
-(`dispatch.use_native`), and the torch reference otherwise.
+naming the argument, and nothing the caller can see was written. The CPU
+implementations of the `reckeras` torch ops (`dispatch.register`) call a
+kernel where `usable` holds for its tensors, and the torch reference
+otherwise.
 """
 
 import ctypes
-import hashlib
 import numbers
 import operator
-import os
-import subprocess
-import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -53,14 +44,8 @@ from pathlib import Path
 import torch
 
 from reckeras import config
+from reckeras.backend_kernels import native_build
 
-_SOURCE = Path(__file__).with_name("cpu_native.c")
-_FLAGS = ["-fPIC", "-shared", "-std=gnu99"]
-_OPTIMIZED = ["-O3"]
-# -O1 keeps the reports' stack traces readable; -fno-sanitize-recover makes
-# undefined behaviour abort like a memory error instead of printing and going on.
-_SANITIZE_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-                  "-fno-sanitize-recover=all"]
 _lock = threading.Lock()
 _library = None
 _failed = False
@@ -87,10 +72,9 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
 _BAD_TARGET, _BAD_SOURCE, _BAD_THROUGH = 1, 2, 4
 # The dtypes of table rows the kernels read and update (ROWS_* in cpu_native.c).
 ROW_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-
-def _cache_dir() -> Path:
-    return config.options().cache_dir
+# The key of a free hash-map slot (EMPTY in cpu_native.c): `hash_table`'s maps
+# are the ones these kernels read and write.
+EMPTY = -(2**63)
 
 
 def sanitizing() -> bool:
@@ -110,34 +94,7 @@ def sanitizing() -> bool:
     return config.options().native_sanitize
 
 
-def _build(flags: list[str]) -> Path:
-    """The compiled library for `flags` (built once into the cache dir)."""
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
-    kind = "-sanitized" if "-fsanitize=address,undefined" in flags else ""
-    target = _cache_dir() / f"cpu_native{kind}-{digest}-{sys.platform}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        compiler = os.environ.get("CC", "cc")
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(built), "-lm"],
-                           check=True, capture_output=True, timeout=120)
-            os.replace(built, target)      # atomic: concurrent builders agree
-    return target
-
-
-def _compile() -> ctypes.CDLL:
-    if sanitizing():
-        # No fallback: a sanitized run that quietly lost OpenMP (or the
-        # sanitizers) would test something else than it says.
-        target = _build(_FLAGS + _SANITIZE_FLAGS + ["-fopenmp"])
-    else:
-        try:
-            # OpenMP puts the parallel loops on torch's own threads (cpu_native.c).
-            target = _build(_FLAGS + _OPTIMIZED + ["-fopenmp"])
-        except (OSError, subprocess.SubprocessError):
-            target = _build(_FLAGS + _OPTIMIZED)   # no OpenMP here: the same loops, one thread
+def _load(target: Path) -> ctypes.CDLL:
     library = ctypes.CDLL(str(target))
     for name, (restype, argtypes) in _SIGNATURES.items():
         function = getattr(library, name)
@@ -178,17 +135,16 @@ def library() -> ctypes.CDLL | None:
                 _failed = True
                 return None
             try:
-                _library = _compile()
-            except (OSError, subprocess.SubprocessError) as error:
-                detail = getattr(error, "stderr", b"") or b""
-                detail = detail.decode(errors="replace")[:300]
+                _library = _load(native_build.build(sanitizing()))
+            except (native_build.BuildError, OSError) as error:
                 if sanitizing():
                     raise RuntimeError(
                         f"reckeras: RECKERAS_NATIVE_SANITIZE=1 but the sanitized native "
-                        f"kernels could not be built or loaded ({error}; {detail})") from error
+                        f"kernels could not be built or loaded: {error}") from error
                 _failed = True
-                warnings.warn(f"reckeras: native CPU kernels unavailable ({error}; "
-                              f"{detail}); using the torch reference kernels",
+                warnings.warn(f"reckeras: native CPU kernels unavailable ({error}); "
+                              f"using the torch reference kernels (rk.config.set("
+                              f"native_kernels=False) silences this)",
                               RuntimeWarning, stacklevel=2)
     return _library
 
@@ -514,8 +470,8 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
     if capacity & (capacity - 1):
         raise ValueError(f"cpu_native.rehash: the new map's capacity must be a power of "
                          f"two, got {capacity} slots")
-    from reckeras.backend_kernels.hash_table import new_slots
-    new_keys, new_rows = new_slots(capacity)
+    new_keys = torch.full((capacity,), EMPTY, dtype=torch.int64)
+    new_rows = torch.full((capacity,), -1, dtype=torch.int64)
     moved = library().rk_rehash(_p(slot_keys), _p(slot_rows), old_capacity, rows_below,
                                 _p(new_keys), _p(new_rows), capacity)
     if moved < 0:

@@ -1,31 +1,47 @@
 """The one place that decides where a kernel runs.
 
-CUDA tensors go to the Triton kernels (`use_triton`). CPU tensors go to the
-native CPU kernels (`use_native`; `cpu_native`: C loops compiled on first
-use) where one exists and can be built, else to the torch references, which
-define the semantics that both are tested against.
+Every kernel family registers its entry points as torch ops in the
+`reckeras` namespace (`register`), so torch's dispatcher picks the device
+and `torch.compile` / `torch.export` trace through them (each op has a fake
+implementation for tracing):
 
-Triton kernels are written as plain functions marked with `@kernel` and
-annotated with this module's `constexpr`; the first launch of any kernel of a
-module (`TritonKernels.ready`) imports triton and turns every marked function
-of that module into a `triton.jit` function in place. So importing reckeras
-defines no kernel. Kernels use only Triton's public language (`tl.sum`,
-`tl.max`, ...).
+* CUDA tensors run the Triton kernels (the torch reference where triton is
+  not installed);
+* CPU tensors run the native CPU kernels (`cpu_native`: C loops compiled on
+  first use, `native_build`) where one exists and `cpu_native.usable` holds
+  for the op's tensors, else the torch references, which define the
+  semantics that both are tested against.
+
+Triton kernels are written as plain functions marked with `@kernel`, which
+makes each a `Kernel`: a handle that `triton.jit`s its function on first
+launch, in a namespace of its own (triton's language as `tl`, the module
+numbers the function reads as compile-time constants, the other `Kernel`s
+it calls jitted), so importing reckeras defines no kernel, imports no
+triton and no module's globals are ever rewritten. Kernels use only
+Triton's public language (`tl.sum`, `tl.max`, ...).
 
 Tests send CPU tensors down the Triton route with `triton_on_cpu()`, in
 Triton's interpreter, to check a caller's Triton path on a machine without a
-GPU. The interpreter needs `TRITON_INTERPRET=1` before `triton` is first
-imported (torch imports it): `triton.language` makes its own functions
-interpreted or compiled then, once (`interpreted()` tells which).
+GPU (the CPU implementation of every op consults it). The interpreter needs
+`TRITON_INTERPRET=1` before `triton` is first imported (torch imports it):
+`triton.language` makes its own functions interpreted or compiled then,
+once (`interpreted()` tells which).
 """
 
+import builtins
 import contextlib
 import importlib.util
+import types
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
+from reckeras.backend_kernels import cpu_native
+
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
+NAMESPACE = "reckeras"          # of the torch ops: torch.ops.reckeras.<name>
+LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 
 _triton_on_cpu = False        # set by triton_on_cpu(), for tests
 
@@ -65,13 +81,10 @@ def use_native(*tensors: torch.Tensor, table: torch.Tensor | None = None) -> boo
 
     ```python
     if use_native(unique_rows, table=weights):
-        cpu_native.pool_forward(...)
+        ...   # the backward of PooledLookup takes the native kernels' shape
     ```
     """
-    if _triton_on_cpu:
-        return False
-    from reckeras.backend_kernels import cpu_native
-    return cpu_native.usable(*tensors, table=table)
+    return not _triton_on_cpu and cpu_native.usable(*tensors, table=table)
 
 
 @contextlib.contextmanager
@@ -139,11 +152,64 @@ def interpreted() -> bool:
     return isinstance(tl.sum, InterpretedFunction)
 
 
+def register(schema: str, *, reference: Callable, fake: Callable,
+             triton: Callable | None = None, native: Callable | None = None,
+             native_usable: Callable[..., bool] | None = None) -> Callable[..., Any]:
+    """Defines the torch op `reckeras::<name>` of a kernel family's entry point.
+
+    The op's CPU implementation runs `triton` inside `triton_on_cpu()`, else
+    `native` where `native_usable(*args)` holds, else `reference`; its CUDA
+    implementation runs `triton` (`reference` without triton installed);
+    `fake` gives the shapes and dtypes of the outputs (Meta and fake
+    tensors: tracing). The lower-level `torch.library.Library` API is used,
+    not `torch.library.custom_op`: a call through it costs ~2 us over the
+    plain function where `custom_op` costs ~10 us (measured on this
+    project's CPU machine), and the sparse step calls these ops a few times.
+
+    Args:
+        schema: the op's schema without namespace, e.g. `"mix64(Tensor x) ->
+            Tensor"`; arguments a kernel writes are annotated `Tensor(a!)`.
+        reference: the torch reference, called with the op's arguments.
+        fake: the fake implementation (`torch.library.register_fake`).
+        triton: the Triton implementation (None: `reference`, which then
+            serves both devices, e.g. when it calls other ops).
+        native: the native CPU implementation, if any.
+        native_usable: whether `native` serves these arguments.
+
+    Returns:
+        The op (`torch.ops.reckeras.<name>.default`), what the entry point calls.
+
+    Example:
+
+    ```python
+    _mix64 = register("mix64(Tensor x) -> Tensor", reference=mix64_reference,
+                      triton=mix64_triton, fake=torch.empty_like)
+    _mix64(torch.arange(3))       # the reference on CPU, the kernel on CUDA
+    ```
+    """
+    name = schema[:schema.index("(")]
+    triton = triton or reference
+    on_cuda = triton if TRITON_AVAILABLE else reference
+
+    def on_cpu(*args: Any) -> Any:
+        if _triton_on_cpu:
+            return triton(*args)
+        if native is not None and native_usable(*args):
+            return native(*args)
+        return reference(*args)
+
+    LIBRARY.define(schema)
+    LIBRARY.impl(name, on_cpu, "CPU")
+    LIBRARY.impl(name, on_cuda, "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
+    return getattr(torch.ops.reckeras, name).default
+
+
 class constexpr:  # noqa: N801 - read by name, as triton.language.constexpr
     """Annotation of a compile-time kernel argument (`BLOCK: constexpr`).
 
-    `TritonKernels.ready` replaces it by `triton.language.constexpr` in the
-    module's namespace, which is what the compiler resolves.
+    Triton reads a parameter whose annotation is named `constexpr` as a
+    compile-time argument, so this stand-in serves without importing triton.
 
     Example:
 
@@ -155,9 +221,81 @@ class constexpr:  # noqa: N801 - read by name, as triton.language.constexpr
     """
 
 
+class Kernel:
+    """A Triton kernel or device function, jitted on its first launch.
+
+    What `@kernel` makes of a plain function; the module stores this handle.
+    `kernel[grid](...)` launches it as a `triton.jit` function; another
+    kernel's body calls it by its name, as Triton device functions are
+    called.
+
+    Args:
+        fn: the function, written in Triton's language as `tl`.
+        do_not_specialize: integer arguments that vary with the data.
+
+    Example:
+
+    ```python
+    @kernel
+    def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: constexpr):
+        ...
+
+    _copy_kernel[(blocks(n, 1024),)](src, dst, n, BLOCK=1024)
+    ```
+    """
+
+    def __init__(self, fn: Callable, do_not_specialize: Iterable[str] = ()):
+        self.fn = fn
+        self.do_not_specialize = tuple(do_not_specialize)
+        self._jitted = None
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.fn.__module__}.{self.fn.__qualname__}>"
+
+    def __getitem__(self, grid: Any) -> Callable:
+        return self.jit()[grid]
+
+    def jit(self) -> Any:
+        """The `triton.jit` function of this kernel (made on the first call).
+
+        Its function is a copy of `fn` over its own globals: the names `fn`
+        reads from its module, the `Kernel`s among them jitted and the int
+        and float numbers made `tl.constexpr` (compiled Triton reads globals
+        only as compile-time constants; the interpreter reads them as they
+        are), `tl` bound to `triton.language` and `constexpr` to
+        `tl.constexpr` (the compiler resolves annotations by name). Interpreted or compiled
+        follows `TRITON_INTERPRET`, as `triton.jit` does.
+
+        Returns:
+            The `triton.jit` function.
+        """
+        if self._jitted is None:
+            import triton
+            import triton.language as tl
+
+            constant = (lambda v: v) if triton.knobs.runtime.interpret else tl.constexpr
+            namespace = {"__builtins__": builtins, "__name__": self.fn.__module__, "tl": tl,
+                         "constexpr": tl.constexpr}     # what annotations resolve to
+            for name in self.fn.__code__.co_names:
+                value = self.fn.__globals__.get(name)
+                if isinstance(value, Kernel):
+                    namespace[name] = value.jit()
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    namespace[name] = constant(value)
+                elif name in self.fn.__globals__:
+                    namespace[name] = value
+            source = types.FunctionType(self.fn.__code__, namespace, self.fn.__name__,
+                                        self.fn.__defaults__, self.fn.__closure__)
+            source.__qualname__ = self.fn.__qualname__
+            source.__annotations__ = self.fn.__annotations__
+            source.__doc__ = self.fn.__doc__
+            self._jitted = triton.jit(source, do_not_specialize=self.do_not_specialize)
+        return self._jitted
+
+
 def kernel(fn: Callable | None = None, *,
-           do_not_specialize: Iterable[str] = ()) -> Callable:
-    """Marks `fn` as the source of a Triton kernel or device function.
+           do_not_specialize: Iterable[str] = ()) -> Kernel | Callable:
+    """Makes `fn` a Triton kernel or device function (a `Kernel` handle).
 
     Args:
         fn: the function; omitted when the decorator takes arguments.
@@ -166,7 +304,7 @@ def kernel(fn: Callable | None = None, *,
             class (1, multiple of 16, other) of each.
 
     Returns:
-        `fn` itself, marked (or the decorator that marks it).
+        The `Kernel` of `fn` (or the decorator that makes it).
 
     Example:
 
@@ -178,73 +316,8 @@ def kernel(fn: Callable | None = None, *,
     ```
     """
     if fn is None:
-        return lambda f: kernel(f, do_not_specialize=do_not_specialize)
-    fn.__triton_source__ = True
-    fn.__triton_do_not_specialize__ = tuple(do_not_specialize)
-    return fn
-
-
-# One jit'ed function per source function, shared by every module using it,
-# and the TritonKernels of every kernel module, by module name.
-_JITTED = {}
-_MODULES = {}
-
-
-class TritonKernels:
-    """The Triton side of one kernel-family module.
-
-    Args:
-        namespace: the module's `globals()`.
-        constants: name -> int or float of module constants the kernels read
-            (made `tl.constexpr` values, as compiled Triton requires of
-            globals).
-
-    Example:
-
-    ```python
-    _triton = TritonKernels(globals(), {"_SCALE": 2})
-
-    def copy_triton(src):
-        ns = _triton.ready()
-        ns["_copy_kernel"][(blocks(src.numel(), 1024),)](src, out, src.numel(), BLOCK=1024)
-    ```
-    """
-
-    def __init__(self, namespace: dict, constants: dict | None = None):
-        self.namespace = namespace
-        self.constants = dict(constants or {})
-        self._ready = False
-        _MODULES[namespace["__name__"]] = self
-
-    def ready(self) -> dict:
-        """Jits the module's kernels on first use.
-
-        Returns:
-            The module's namespace, where every `@kernel` function is now a
-            `triton.jit` function.
-        """
-        if self._ready:
-            return self.namespace
-        import triton
-        import triton.language as tl
-
-        ns = self.namespace
-        ns["tl"] = tl
-        ns["constexpr"] = tl.constexpr      # what the compiler resolves annotations to
-        wrap = (lambda v: v) if triton.knobs.runtime.interpret else tl.constexpr
-        for name, value in self.constants.items():
-            ns[name] = wrap(value)
-        self._ready = True
-        for name, value in list(ns.items()):
-            if not getattr(value, "__triton_source__", False):
-                continue
-            if value.__module__ != ns["__name__"]:
-                _MODULES[value.__module__].ready()     # a helper's own globals
-            if value not in _JITTED:
-                _JITTED[value] = triton.jit(
-                    value, do_not_specialize=value.__triton_do_not_specialize__)
-            ns[name] = _JITTED[value]
-        return ns
+        return lambda f: Kernel(f, do_not_specialize)
+    return Kernel(fn, do_not_specialize)
 
 
 def next_power_of_2(n: int) -> int:

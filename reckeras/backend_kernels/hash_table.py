@@ -29,11 +29,12 @@ by one call; everything above the map only relies on that mapping.
 
 import torch
 
-from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               kernel, use_native, use_triton)
+from reckeras.backend_kernels import cpu_native
+from reckeras.backend_kernels.cpu_native import EMPTY   # one free-slot key for C, torch, Triton
+from reckeras.backend_kernels.dispatch import blocks, constexpr, kernel, register
 from reckeras.backend_kernels.hashing import GOLDEN
 
-EMPTY = -(2**63)          # a key equal to EMPTY is stored as EMPTY + 1
+# A key equal to EMPTY (-2**63) is stored as EMPTY + 1.
 MAX_LOAD = 0.5
 BLOCK = 256
 
@@ -258,7 +259,7 @@ def _place_reference(slot_keys: torch.Tensor, keys: torch.Tensor) -> torch.Tenso
 
 @kernel
 def _home_slot(key, mask, shift):
-    hashed = (key * _GOLDEN).to(tl.uint64, bitcast=True) >> shift
+    hashed = (key * GOLDEN).to(tl.uint64, bitcast=True) >> shift
     return hashed.to(tl.int64, bitcast=True) & mask
 
 
@@ -268,18 +269,18 @@ def _insert_kernel(slot_keys_ptr, keys_ptr, slots_ptr, claimed_ptr, n, mask, shi
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = offs < n
     key = tl.load(keys_ptr + offs, mask=live, other=0)
-    key = tl.where(key == _EMPTY, key + 1, key)
+    key = tl.where(key == EMPTY, key + 1, key)
     slot = _home_slot(key, mask, shift)
     claimed = tl.full([BLOCK], 0, tl.int1)
     pending = live
     while tl.sum(pending.to(tl.int32), 0) > 0:
         seen = tl.load(slot_keys_ptr + slot, mask=pending, other=0)
-        attempt = pending & (seen == _EMPTY)
+        attempt = pending & (seen == EMPTY)
         # atomic_cas takes no mask: the other lanes swap EMPTY for EMPTY,
         # which never changes the map.
-        old = tl.atomic_cas(slot_keys_ptr + slot, tl.full([BLOCK], _EMPTY, tl.int64),
-                            tl.where(attempt, key, _EMPTY))
-        won = attempt & (old == _EMPTY)
+        old = tl.atomic_cas(slot_keys_ptr + slot, tl.full([BLOCK], EMPTY, tl.int64),
+                            tl.where(attempt, key, EMPTY))
+        won = attempt & (old == EMPTY)
         stop = won | (pending & ((seen == key) | (attempt & (old == key))))
         claimed = claimed | won
         slot = tl.where(pending & ~stop, (slot + 1) & mask, slot)
@@ -294,22 +295,19 @@ def _find_kernel(slot_keys_ptr, slot_rows_ptr, keys_ptr, rows_ptr, n, mask, shif
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = offs < n
     key = tl.load(keys_ptr + offs, mask=live, other=0)
-    key = tl.where(key == _EMPTY, key + 1, key)
+    key = tl.where(key == EMPTY, key + 1, key)
     slot = _home_slot(key, mask, shift)
     found = tl.full([BLOCK], 0, tl.int1)
     pending = live
     while tl.sum(pending.to(tl.int32), 0) > 0:
-        seen = tl.load(slot_keys_ptr + slot, mask=pending, other=_EMPTY)
+        seen = tl.load(slot_keys_ptr + slot, mask=pending, other=EMPTY)
         hit = pending & (seen == key)
         found = found | hit
-        stop = hit | (seen == _EMPTY)
+        stop = hit | (seen == EMPTY)
         slot = tl.where(pending & ~stop, (slot + 1) & mask, slot)
         pending = pending & ~stop
     rows = tl.load(slot_rows_ptr + slot, mask=found, other=-1)
     tl.store(rows_ptr + offs, rows, mask=live)
-
-
-_triton = TritonKernels(globals(), {"_EMPTY": EMPTY, "_GOLDEN": GOLDEN})
 
 
 def _mask_and_shift(slot_keys: torch.Tensor) -> tuple[int, int]:
@@ -320,13 +318,12 @@ def _mask_and_shift(slot_keys: torch.Tensor) -> tuple[int, int]:
 def _insert_triton(slot_keys: torch.Tensor,
                    keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Slot of every key and whether this lane stored it (int8)."""
-    ns = _triton.ready()
     keys = keys.contiguous()
     n = keys.numel()
     slots = torch.empty_like(keys)
     claimed = torch.empty(n, dtype=torch.int8, device=keys.device)
     if n:
-        ns["_insert_kernel"][(blocks(n, BLOCK),)](
+        _insert_kernel[(blocks(n, BLOCK),)](
             slot_keys, keys, slots, claimed, n, *_mask_and_shift(slot_keys), BLOCK=BLOCK)
     return slots, claimed
 
@@ -385,14 +382,116 @@ def find_triton(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     find_triton(slot_keys, slot_rows, torch.tensor([9], device="cuda"))   # [-1]
     ```
     """
-    ns = _triton.ready()
     keys = keys.contiguous()
     rows = torch.empty_like(keys)
     if keys.numel():
-        ns["_find_kernel"][(blocks(keys.numel(), BLOCK),)](
+        _find_kernel[(blocks(keys.numel(), BLOCK),)](
             slot_keys, slot_rows, keys, rows, keys.numel(), *_mask_and_shift(slot_keys),
             BLOCK=BLOCK)
     return rows
+
+
+# ---- the torch ops (dispatch.register) ------------------------------------------------
+
+def _rehashed(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
+              rows_below: int | None, place) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rehash` of the moving keys, `place(new_keys, keys)` storing them."""
+    occupied = slot_keys != EMPTY
+    if rows_below is not None:
+        occupied &= (slot_rows >= 0) & (slot_rows < rows_below)
+    occupied = occupied.nonzero().squeeze(1)
+    keys, rows = slot_keys.index_select(0, occupied), slot_rows.index_select(0, occupied)
+    new_keys, new_rows = new_slots(capacity, slot_keys.device)
+    new_rows.index_copy_(0, place(new_keys, keys), rows)
+    return new_keys, new_rows
+
+
+def rehash_reference(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
+                     rows_below: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rehash` with torch ops.
+
+    Args:
+        slot_keys, slot_rows, capacity, rows_below: as for `rehash`.
+
+    Returns:
+        What `rehash` returns.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import new_slots, rehash_reference
+
+    slot_keys, slot_rows = rehash_reference(*new_slots(16), 64)   # an empty map of 64
+    ```
+    """
+    return _rehashed(slot_keys, slot_rows, capacity, rows_below, _place_reference)
+
+
+def rehash_triton(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
+                  rows_below: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rehash` with the Triton insert kernel (CUDA tensors).
+
+    Args:
+        slot_keys, slot_rows, capacity, rows_below: as for `rehash`.
+
+    Returns:
+        What `rehash` returns.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hash_table import new_slots, rehash_triton
+
+    slot_keys, slot_rows = rehash_triton(*new_slots(16, device="cuda"), 64)
+    ```
+    """
+    return _rehashed(slot_keys, slot_rows, capacity, rows_below,
+                     lambda new_keys, keys: _insert_triton(new_keys, keys)[0])
+
+
+def _rehash_native(slot_keys, slot_rows, capacity, rows_below):
+    return cpu_native.rehash(slot_keys, slot_rows, capacity,
+                             *(() if rows_below is None else (rows_below,)))
+
+
+def _count_as_tensor(fn):
+    """`fn` of the find-or-insert signature, its row count returned as a 0-dim
+    int64 CPU tensor (an op returns tensors: a data-dependent int would
+    defeat its fake implementation)."""
+    def counted(slot_keys, slot_rows, keys, num_rows):
+        rows, count = fn(slot_keys, slot_rows, keys, num_rows)
+        return rows, torch.tensor(count)
+    return counted
+
+
+def _find_native(slot_keys, slot_rows, keys):
+    return cpu_native.find_or_insert(slot_keys, slot_rows, keys, 0, insert=False)[0]
+
+
+def _map_usable(slot_keys, slot_rows, *rest):
+    return cpu_native.usable(slot_keys, slot_rows,
+                             *(r for r in rest if isinstance(r, torch.Tensor)))
+
+
+_find_or_insert = register(
+    "find_or_insert(Tensor(a!) slot_keys, Tensor(b!) slot_rows, Tensor keys, int num_rows)"
+    " -> (Tensor, Tensor)",
+    reference=_count_as_tensor(find_or_insert_reference),
+    triton=_count_as_tensor(find_or_insert_triton),
+    native=_count_as_tensor(cpu_native.find_or_insert), native_usable=_map_usable,
+    fake=lambda slot_keys, slot_rows, keys, num_rows: (
+        torch.empty_like(keys), torch.empty((), dtype=torch.int64)))
+_find = register(
+    "find(Tensor slot_keys, Tensor slot_rows, Tensor keys) -> Tensor",
+    reference=find_reference, triton=find_triton, native=_find_native,
+    native_usable=_map_usable, fake=lambda slot_keys, slot_rows, keys: torch.empty_like(keys))
+_rehash = register(
+    "rehash(Tensor slot_keys, Tensor slot_rows, int capacity, int? rows_below) "
+    "-> (Tensor, Tensor)",
+    reference=rehash_reference, triton=rehash_triton, native=_rehash_native,
+    native_usable=_map_usable,
+    fake=lambda slot_keys, slot_rows, capacity, rows_below: (
+        slot_keys.new_empty(capacity), slot_rows.new_empty(capacity)))
 
 
 # ---- public entry points --------------------------------------------------------------
@@ -425,12 +524,8 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     bool((find(slot_keys, slot_rows, torch.tensor([9, 4, 9])) == rows).all())   # True
     ```
     """
-    if use_triton(keys):
-        return find_or_insert_triton(slot_keys, slot_rows, keys, num_rows)
-    if use_native(slot_keys, slot_rows, keys):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.find_or_insert(slot_keys, slot_rows, keys, num_rows)
-    return find_or_insert_reference(slot_keys, slot_rows, keys, num_rows)
+    rows, count = _find_or_insert(slot_keys, slot_rows, keys, num_rows)
+    return rows, int(count)
 
 
 def find(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
@@ -454,12 +549,7 @@ def find(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     find(slot_keys, slot_rows, torch.tensor([3]))   # tensor([-1])
     ```
     """
-    if use_triton(keys):
-        return find_triton(slot_keys, slot_rows, keys)
-    if use_native(slot_keys, slot_rows, keys):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.find_or_insert(slot_keys, slot_rows, keys, 0, insert=False)[0]
-    return find_reference(slot_keys, slot_rows, keys)
+    return _find(slot_keys, slot_rows, keys)
 
 
 def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
@@ -492,19 +582,4 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
     bool((find(slot_keys, slot_rows, torch.arange(8)) == rows).all())   # True
     ```
     """
-    if use_native(slot_keys, slot_rows):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.rehash(slot_keys, slot_rows, capacity,
-                                 *(() if rows_below is None else (rows_below,)))
-    occupied = slot_keys != EMPTY
-    if rows_below is not None:
-        occupied &= (slot_rows >= 0) & (slot_rows < rows_below)
-    occupied = occupied.nonzero().squeeze(1)
-    keys, rows = slot_keys.index_select(0, occupied), slot_rows.index_select(0, occupied)
-    new_keys, new_rows = new_slots(capacity, slot_keys.device)
-    if use_triton(keys):
-        slots, _ = _insert_triton(new_keys, keys)
-    else:
-        slots = _place_reference(new_keys, keys)
-    new_rows.index_copy_(0, slots, rows)
-    return new_keys, new_rows
+    return _rehash(slot_keys, slot_rows, capacity, rows_below)

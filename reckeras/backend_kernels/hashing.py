@@ -17,16 +17,18 @@ give bit-identical results on any device:
   seed only (`mix64` of the key, the seed and the column, the top 53 bits
   as a double in [0, 1)), so any rank creates a row with the same values.
 
-`mix64` runs a Triton kernel on CUDA tensors and the torch reference
-elsewhere; `table_keys` and `initial_rows` run the native CPU kernels where
-they can be built. Strings are hashed on the host only (`hash_strings`, numpy).
+`mix64`, `table_keys` and `initial_rows` are torch ops (`reckeras::mix64`,
+...; see `dispatch.register`): `mix64` runs a Triton kernel on CUDA tensors
+and the torch reference on CPU; `table_keys` and `initial_rows` run the
+native CPU kernels where they can be built. Strings are hashed on the host
+only (`hash_strings`, numpy).
 """
 
 import numpy as np
 import torch
 
-from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               kernel, use_native, use_triton)
+from reckeras.backend_kernels import cpu_native
+from reckeras.backend_kernels.dispatch import blocks, constexpr, kernel, register
 
 # 64-bit constants written as their signed int64 values (Triton's interpreter
 # rejects integer literals above 2**63 - 1).
@@ -145,10 +147,12 @@ def _shr_bits(z, bits: constexpr):
 
 
 @kernel
-def _mix64_bits(x):
-    z = x + _GOLDEN
-    z = (z ^ _shr_bits(z, 30)) * _MIX_1
-    z = (z ^ _shr_bits(z, 27)) * _MIX_2
+def mix64_bits(x):
+    """`mix64` of an int64 block, as a Triton device function (the
+    `transforms` kernels call it too)."""
+    z = x + GOLDEN
+    z = (z ^ _shr_bits(z, 30)) * MIX_1
+    z = (z ^ _shr_bits(z, 27)) * MIX_2
     return z ^ _shr_bits(z, 31)
 
 
@@ -157,10 +161,7 @@ def _mix64_kernel(ids_ptr, out_ptr, n, BLOCK: constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = offs < n
     x = tl.load(ids_ptr + offs, mask=live, other=0)
-    tl.store(out_ptr + offs, _mix64_bits(x), mask=live)
-
-
-_triton = TritonKernels(globals(), {"_GOLDEN": GOLDEN, "_MIX_1": MIX_1, "_MIX_2": MIX_2})
+    tl.store(out_ptr + offs, mix64_bits(x), mask=live)
 
 
 def mix64_triton(x: torch.Tensor) -> torch.Tensor:
@@ -180,13 +181,52 @@ def mix64_triton(x: torch.Tensor) -> torch.Tensor:
     mix64_triton(torch.arange(4, device="cuda"))
     ```
     """
-    ns = _triton.ready()
     flat = x.contiguous().view(-1)
     out = torch.empty_like(flat)
     if flat.numel():
-        ns["_mix64_kernel"][(blocks(flat.numel(), BLOCK),)](flat, out, flat.numel(),
-                                                            BLOCK=BLOCK)
+        _mix64_kernel[(blocks(flat.numel(), BLOCK),)](flat, out, flat.numel(), BLOCK=BLOCK)
     return out.view(x.shape)
+
+
+def table_keys_reference(ids: torch.Tensor, salt: torch.Tensor,
+                         slot_counts: torch.Tensor) -> torch.Tensor:
+    """`table_keys` with torch ops (`mix64` runs its Triton kernel on CUDA).
+
+    Args:
+        ids, salt, slot_counts: as for `table_keys`.
+
+    Returns:
+        What `table_keys` returns.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.hashing import table_keys_reference
+
+    table_keys_reference(torch.tensor([5, 6, 5]), torch.tensor([0, 99]),
+                         torch.tensor([2, 1]))
+    ```
+    """
+    keys = mix64(ids)
+    keys ^= salt.repeat_interleave(slot_counts, output_size=ids.numel())
+    return keys
+
+
+# ---- the torch ops (dispatch.register) ----------------------------------------------
+
+_mix64 = register("mix64(Tensor x) -> Tensor", reference=mix64_reference,
+                  triton=mix64_triton, fake=torch.empty_like)
+_table_keys = register(
+    "table_keys(Tensor ids, Tensor salt, Tensor slot_counts) -> Tensor",
+    reference=table_keys_reference, native=cpu_native.table_keys,
+    native_usable=lambda ids, salt, slot_counts: cpu_native.usable(ids, salt, slot_counts),
+    fake=lambda ids, salt, slot_counts: torch.empty_like(ids))
+_initial_rows = register(
+    "initial_rows(Tensor keys, int dim, float scale, int seed) -> Tensor",
+    reference=initial_rows_reference, native=cpu_native.initial_rows,
+    native_usable=lambda keys, dim, scale, seed: cpu_native.usable(keys),
+    fake=lambda keys, dim, scale, seed: keys.new_empty((keys.shape[0], dim),
+                                                       dtype=torch.float32))
 
 
 # ---- public entry points ----------------------------------------------------------
@@ -209,7 +249,7 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     bool((hashed.numpy() == mix64_numpy(np.array([0, 1, 2]))).all())   # True
     ```
     """
-    return mix64_triton(x) if use_triton(x) else mix64_reference(x)
+    return _mix64(x)
 
 
 def table_keys(ids: torch.Tensor, salt: torch.Tensor,
@@ -235,12 +275,7 @@ def table_keys(ids: torch.Tensor, salt: torch.Tensor,
     bool(keys[0] != keys[2])   # True
     ```
     """
-    if use_native(ids, salt, slot_counts):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.table_keys(ids, salt, slot_counts)
-    keys = mix64(ids)
-    keys ^= salt.repeat_interleave(slot_counts, output_size=ids.numel())
-    return keys
+    return _table_keys(ids, salt, slot_counts)
 
 
 def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch.Tensor:
@@ -263,10 +298,7 @@ def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch
     rows = initial_rows(torch.tensor([7, 8]), 16, 0.25, seed=0)   # [2, 16]
     ```
     """
-    if use_native(keys):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.initial_rows(keys, dim, scale, seed)
-    return initial_rows_reference(keys, dim, scale, seed)
+    return _initial_rows(keys, dim, scale, seed)
 
 
 def mix64_numpy(x: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
+from reckeras.backend_kernels.dispatch import (constexpr, kernel,
                                                next_power_of_2, use_triton)
 from reckeras.backend_kernels.pooling import sequence_positions
 
@@ -339,9 +339,6 @@ def _backward_q_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, grad_out_ptr, lse_ptr,
                  mask=live[:, None] & (cols < head_dim)[None, :])
 
 
-_triton = TritonKernels(globals())
-
-
 def _launch_config(q: torch.Tensor) -> tuple[int, str]:
     head_dim = q.shape[2]
     if head_dim > MAX_HEAD_DIM:
@@ -364,7 +361,7 @@ def _forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if num_tokens and batch and max_len:
         block_d, precision = _launch_config(q)
         grid = (-(-max_len // FORWARD_BLOCK), batch, heads)
-        _triton.ready()["_forward_kernel"][grid](
+        _forward_kernel[grid](
             q, k, v, offsets, out, lse, heads, head_dim, scale, CAUSAL=causal,
             PRECISION=precision, BLOCK=FORWARD_BLOCK, BLOCK_D=block_d)
     return out, lse
@@ -382,12 +379,11 @@ def _backward_triton(
         grad_out = grad_out.contiguous()
         delta = (grad_out.float() * out.float()).sum(-1)       # [N, H]
         grid = (-(-max_len // BACKWARD_BLOCK), batch, heads)
-        ns = _triton.ready()
-        ns["_backward_kv_kernel"][grid](
+        _backward_kv_kernel[grid](
             q, k, v, offsets, grad_out, lse, delta, grad_k, grad_v, heads, head_dim,
             scale, CAUSAL=causal, PRECISION=precision, BLOCK=BACKWARD_BLOCK,
             BLOCK_D=block_d)
-        ns["_backward_q_kernel"][grid](
+        _backward_q_kernel[grid](
             q, k, v, offsets, grad_out, lse, delta, grad_q, heads, head_dim, scale,
             CAUSAL=causal, PRECISION=precision, BLOCK=BACKWARD_BLOCK, BLOCK_D=block_d)
     return grad_q, grad_k, grad_v

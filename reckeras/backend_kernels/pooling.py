@@ -39,7 +39,8 @@ from reckeras.backend_kernels.aggregation import (aggregate_row_grads, bag_sums,
                                                   group_by, is_permutation,
                                                   segment_sum_triton, sorted_groups,
                                                   unit_scale)
-from reckeras.backend_kernels.dispatch import use_native, use_triton
+from reckeras.backend_kernels import cpu_native
+from reckeras.backend_kernels.dispatch import register, use_native, use_triton
 
 
 class DestinationMajor(NamedTuple):
@@ -193,13 +194,24 @@ def pooled_lookup_triton(weights: torch.Tensor, unique_rows: torch.Tensor,
     return segment_sum_triton(weights, rows, id_weight, order, offsets)
 
 
+_pooled_lookup = register(
+    "pooled_lookup(Tensor weights, Tensor unique_rows, Tensor unique_index, "
+    "Tensor destination, Tensor id_weight, int num_slots) -> Tensor",
+    reference=pooled_lookup_reference, triton=pooled_lookup_triton,
+    native=cpu_native.pool_forward,
+    native_usable=lambda weights, unique_rows, unique_index, destination, id_weight, _:
+        cpu_native.usable(unique_rows, unique_index, destination, id_weight, table=weights),
+    fake=lambda weights, unique_rows, unique_index, destination, id_weight, num_slots:
+        weights.new_empty((num_slots, weights.shape[1]), dtype=torch.float32))
+
+
 def pooled_lookup(weights: torch.Tensor, unique_rows: torch.Tensor,
                   unique_index: torch.Tensor, destination: torch.Tensor,
                   id_weight: torch.Tensor, num_slots: int) -> torch.Tensor:
     """Sums the scaled rows of every id into its output slot.
 
-    One Triton kernel on CUDA tensors, the native kernel or the torch
-    reference on CPU tensors.
+    The torch op `reckeras::pooled_lookup`: one Triton kernel on CUDA
+    tensors, the native kernel or the torch reference on CPU tensors.
 
     Args:
         weights: float32, float16 or bfloat16 `[num_rows, D]`, the table
@@ -223,12 +235,8 @@ def pooled_lookup(weights: torch.Tensor, unique_rows: torch.Tensor,
     # [[0.5, 0, 1], [1, 0, 0]]
     ```
     """
-    if use_native(unique_rows, unique_index, destination, id_weight, table=weights):
-        from reckeras.backend_kernels import cpu_native
-        return cpu_native.pool_forward(weights, unique_rows, unique_index, destination,
-                                       id_weight, num_slots)
-    fn = pooled_lookup_triton if use_triton(weights) else pooled_lookup_reference
-    return fn(weights, unique_rows, unique_index, destination, id_weight, num_slots)
+    return _pooled_lookup(weights, unique_rows, unique_index, destination, id_weight,
+                          num_slots)
 
 
 class PooledLookup(torch.autograd.Function):

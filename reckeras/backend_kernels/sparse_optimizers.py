@@ -35,7 +35,7 @@ On CUDA tensors one Triton kernel does every update (a program updates
 GROUPS rows, whole rows at once, so the row-wise mean needs no second pass);
 `aggregate_and_update` also fuses the backward aggregation into it: each
 program sums its rows' gradients from the pooled gradient through the CSR of
-`aggregation.group_by` (the tile of `aggregation._segment_tile`) and
+`aggregation.group_by` (the tile of `aggregation.segment_tile`) and
 updates the rows, so the per-row gradients never go to memory.
 """
 
@@ -43,13 +43,12 @@ import math
 
 import torch
 
-from reckeras.backend_kernels.aggregation import (MAX_BLOCK_N, _segment_tile,
-                                                  aggregate_row_grads, group_by,
-                                                  groups_per_program, ids_per_step,
-                                                  segment_sums, split_segments)
-from reckeras.backend_kernels.dispatch import (TritonKernels, constexpr, kernel,
-                                               next_power_of_2, use_native,
-                                               use_triton)
+from reckeras.backend_kernels import cpu_native
+from reckeras.backend_kernels.aggregation import (MAX_BLOCK_N, aggregate_row_grads,
+                                                  group_by, groups_per_program,
+                                                  ids_per_step, segment_sums,
+                                                  segment_tile, split_segments)
+from reckeras.backend_kernels.dispatch import constexpr, kernel, next_power_of_2, register
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM, ADAMW = range(5)
 
@@ -253,7 +252,7 @@ def _update_kernel(weights_ptr, state_ptr, rows_ptr, source_ptr, source_row_ptr,
     # Each row's gradient: a segment sum over its ids (see aggregation).
     starts = tl.load(starts_ptr + index, mask=valid, other=0)
     ends = tl.load(ends_ptr + index, mask=valid, other=0)
-    g = _segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends,
+    g = segment_tile(source_ptr, source_row_ptr, scale_ptr, order_ptr, starts, ends,
                       cols, in_row, dim, INDIRECT, BLOCK_N, GROUPS, BLOCK_D)
     row = tl.load(rows_ptr + index, mask=valid, other=0)
     w_ptr = weights_ptr + row[:, None] * dim + cols[None, :]
@@ -290,9 +289,6 @@ def _update_kernel(weights_ptr, state_ptr, rows_ptr, source_ptr, source_row_ptr,
     tl.store(w_ptr, w.to(weights_ptr.dtype.element_ty), mask=inside)
 
 
-_triton = TritonKernels(globals())
-
-
 def _log2(beta):
     return math.log2(beta) if beta > 0 else -math.inf
 
@@ -311,8 +307,7 @@ def _launch(kind, weights, state, rows, segments, hyper):
     groups = groups_per_program(block_n, block_d)
     lr, eps, beta1, beta2, weight_decay, round_seed = hyper
     state = state if state.numel() else weights      # never read by SGD
-    ns = _triton.ready()
-    ns["_update_kernel"][(-(-rows.numel() // groups),)](
+    _update_kernel[(-(-rows.numel() // groups),)](
         weights, state, rows.contiguous(), source.contiguous(), source_row.contiguous(),
         scale.contiguous(), order.contiguous(), starts, ends, rows.numel(), dim,
         state.shape[1], float(lr), float(eps), float(beta1), float(beta2), _log2(beta1),
@@ -381,6 +376,39 @@ def aggregate_and_update_triton(kind: int, weights: torch.Tensor, state: torch.T
             (lr, eps, beta1, beta2, weight_decay, round_seed))
 
 
+# ---- the torch ops (dispatch.register) ----------------------------------------------
+
+def _update_native(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay,
+                   round_seed):
+    cpu_native.apply_update(_NATIVE_KINDS[kind], weights, state, rows, grads, lr, eps,
+                            round_seed)
+
+
+def _aggregate_then_update(kind, weights, state, rows, grad_out, unique_index, destination,
+                           id_weight, lr, eps, beta1, beta2, weight_decay, round_seed):
+    """`aggregate_and_update` on CPU: the two ops one after the other."""
+    grads = aggregate_row_grads(grad_out, unique_index, destination, id_weight,
+                                rows.numel())
+    update(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay,
+           round_seed)
+
+
+_HYPER = "float lr, float eps, float beta1, float beta2, float weight_decay, int round_seed"
+_update = register(
+    "update(int kind, Tensor(a!) weights, Tensor(b!) state, Tensor rows, Tensor grads, "
+    f"{_HYPER}) -> ()",
+    reference=update_reference, triton=update_triton, native=_update_native,
+    native_usable=lambda kind, weights, state, rows, grads, *hyper:
+        kind in _NATIVE_KINDS and cpu_native.usable(state, rows, grads, table=weights),
+    fake=lambda *args: None)
+_aggregate_and_update = register(
+    "aggregate_and_update(int kind, Tensor(a!) weights, Tensor(b!) state, Tensor rows, "
+    f"Tensor grad_out, Tensor unique_index, Tensor destination, Tensor id_weight, {_HYPER}"
+    ") -> ()",
+    reference=_aggregate_then_update, triton=aggregate_and_update_triton,
+    fake=lambda *args: None)
+
+
 # ---- public entry points ---------------------------------------------------------------
 
 def update(kind: int, weights: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
@@ -413,13 +441,8 @@ def update(kind: int, weights: torch.Tensor, state: torch.Tensor, rows: torch.Te
     # state[3] = 1.0; weights[3] = [0.9, 1.1]
     ```
     """
-    if kind in _NATIVE_KINDS and use_native(state, rows, grads, table=weights):
-        from reckeras.backend_kernels import cpu_native
-        cpu_native.apply_update(_NATIVE_KINDS[kind], weights, state, rows, grads, lr, eps,
-                                round_seed)
-        return
-    fn = update_triton if use_triton(weights) else update_reference
-    fn(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay, round_seed)
+    _update(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay,
+            round_seed)
 
 
 def aggregate_and_update(kind: int, weights: torch.Tensor, state: torch.Tensor,
@@ -451,12 +474,5 @@ def aggregate_and_update(kind: int, weights: torch.Tensor, state: torch.Tensor,
     # weights[5] -= 0.1 * 1.5 * grad_out[0]
     ```
     """
-    if use_triton(weights):
-        aggregate_and_update_triton(kind, weights, state, rows, grad_out, unique_index,
-                                    destination, id_weight, lr, eps, beta1, beta2,
-                                    weight_decay, round_seed)
-        return
-    grads = aggregate_row_grads(grad_out, unique_index, destination, id_weight,
-                                rows.numel())
-    update(kind, weights, state, rows, grads, lr, eps, beta1, beta2, weight_decay,
-           round_seed)
+    _aggregate_and_update(kind, weights, state, rows, grad_out, unique_index, destination,
+                          id_weight, lr, eps, beta1, beta2, weight_decay, round_seed)

@@ -22,17 +22,17 @@ features:
 No id value is reserved: every int64 is an id, and a row's length, never a
 padding value, says which positions hold one.
 
-CUDA tensors run the Triton kernels, CPU tensors the torch references
-(`dispatch.use_triton`); both give identical integers.
+Each is a torch op (`reckeras::bucketize`, ...; `dispatch.register`): CUDA
+tensors run the Triton kernels, CPU tensors the torch references; both give
+identical integers.
 """
 
 import torch
 
 from reckeras import ragged
-from reckeras.backend_kernels.dispatch import (TritonKernels, blocks, constexpr,
-                                               kernel, use_triton)
-from reckeras.backend_kernels.hashing import (COMBINE, _mix64_bits,
-                                              hash_combine_reference, mix64_reference)
+from reckeras.backend_kernels.dispatch import blocks, constexpr, kernel, register
+from reckeras.backend_kernels.hashing import (COMBINE, hash_combine_reference, mix64_bits,
+                                              mix64_reference)
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 BLOCK = 1024
@@ -160,7 +160,7 @@ def pack_sequences_reference(flat: torch.Tensor, lengths: torch.Tensor,
 @kernel
 def _into_buckets(ids, buckets):
     modulus = tl.maximum(buckets, 1)
-    hashed = _mix64_bits(ids) % modulus
+    hashed = mix64_bits(ids) % modulus
     hashed = tl.where(hashed < 0, hashed + modulus, hashed)   # floor, not C, mod
     return tl.where(buckets > 0, hashed, ids)
 
@@ -181,7 +181,7 @@ def _bucketize_kernel(values_ptr, boundaries_ptr, out_ptr, per_feature, total, w
     offs = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     live = offs < total
     value = tl.load(values_ptr + offs, mask=live, other=0.0)
-    finite = tl.where(value > _FLOAT32_MAX, _FLOAT32_MAX, value)   # NaN stays NaN
+    finite = tl.where(value > FLOAT32_MAX, FLOAT32_MAX, value)   # NaN stays NaN
     row = (offs // per_feature) * width
     count = tl.full([BLOCK_ROWS], 0, tl.int64)
     real = tl.full([BLOCK_ROWS], 0, tl.int64)          # boundaries that are not padding
@@ -191,7 +191,7 @@ def _bucketize_kernel(values_ptr, boundaries_ptr, out_ptr, per_feature, total, w
         bound = tl.load(boundaries_ptr + row[:, None] + k[None, :], mask=valid,
                         other=float("inf"))
         count += tl.sum((valid & (bound <= finite[:, None])).to(tl.int64), 1)
-        real += tl.sum((bound <= _FLOAT32_MAX).to(tl.int64), 1)
+        real += tl.sum((bound <= FLOAT32_MAX).to(tl.int64), 1)
     count = tl.where(value != value, real + 1, count)             # NaN: missing bucket
     tl.store(out_ptr + offs, count, mask=live)
 
@@ -205,12 +205,12 @@ def _cross_kernel(columns_ptr, members_ptr, out_ptr, n, total, BLOCK: constexpr)
     first = tl.load(members_ptr + feature * 3, mask=live, other=0)
     second = tl.load(members_ptr + feature * 3 + 1, mask=live, other=0)
     third = tl.load(members_ptr + feature * 3 + 2, mask=live, other=-1)
-    h = _mix64_bits(tl.load(columns_ptr + first * n + item, mask=live, other=0))
-    h = _mix64_bits(h * _COMBINE + tl.load(columns_ptr + second * n + item, mask=live,
+    h = mix64_bits(tl.load(columns_ptr + first * n + item, mask=live, other=0))
+    h = mix64_bits(h * COMBINE + tl.load(columns_ptr + second * n + item, mask=live,
                                            other=0))
     has_third = live & (third >= 0)
     last = tl.load(columns_ptr + third * n + item, mask=has_third, other=0)
-    h = tl.where(has_third, _mix64_bits(h * _COMBINE + last), h)
+    h = tl.where(has_third, mix64_bits(h * COMBINE + last), h)
     tl.store(out_ptr + offs, h, mask=live)
 
 
@@ -243,9 +243,6 @@ def _pack_sequences_kernel(flat_ptr, lengths_ptr, width_offsets_ptr, buckets_ptr
             tl.store(weights_out_ptr + destination + position, weight, mask=present)
 
 
-_triton = TritonKernels(globals(), {"_COMBINE": COMBINE, "_FLOAT32_MAX": FLOAT32_MAX})
-
-
 def hash_into_buckets_triton(ids: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
     """The Triton kernel of `hash_into_buckets`: what CUDA tensors run.
 
@@ -262,12 +259,11 @@ def hash_into_buckets_triton(ids: torch.Tensor, buckets: torch.Tensor) -> torch.
     # == hash_into_buckets(ids, buckets)
     ```
     """
-    ns = _triton.ready()
     flat = ids.contiguous().view(-1)
     out = torch.empty_like(flat)
     if flat.numel():
         per_feature = flat.numel() // ids.shape[0]
-        ns["_hash_into_buckets_kernel"][(blocks(flat.numel(), BLOCK),)](
+        _hash_into_buckets_kernel[(blocks(flat.numel(), BLOCK),)](
             flat, buckets.contiguous(), out, per_feature, flat.numel(), BLOCK=BLOCK)
     return out.view(ids.shape)
 
@@ -288,12 +284,11 @@ def bucketize_triton(values: torch.Tensor, boundaries: torch.Tensor) -> torch.Te
     # == bucketize(values, boundaries)
     ```
     """
-    ns = _triton.ready()
     flat = values.contiguous().view(-1)
     out = torch.empty(flat.shape, dtype=torch.int64, device=values.device)
     if flat.numel():
         per_feature = flat.numel() // values.shape[0]
-        ns["_bucketize_kernel"][(blocks(flat.numel(), BLOCK_ROWS),)](
+        _bucketize_kernel[(blocks(flat.numel(), BLOCK_ROWS),)](
             flat, boundaries.contiguous(), out, per_feature, flat.numel(),
             boundaries.shape[1], BLOCK_ROWS=BLOCK_ROWS, BLOCK_BOUNDARIES=BLOCK_BOUNDARIES)
     return out.view(values.shape)
@@ -315,12 +310,11 @@ def cross_triton(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
     # == cross(columns, members)
     ```
     """
-    ns = _triton.ready()
     flat = columns.contiguous().view(columns.shape[0], -1)
     n = flat.shape[1]
     out = torch.empty(members.shape[0], n, dtype=torch.int64, device=columns.device)
     if out.numel():
-        ns["_cross_kernel"][(blocks(out.numel(), BLOCK),)](
+        _cross_kernel[(blocks(out.numel(), BLOCK),)](
             flat, members.contiguous(), out, n, out.numel(), BLOCK=BLOCK)
     return out.view(members.shape[0], *columns.shape[1:])
 
@@ -345,19 +339,45 @@ def pack_sequences_triton(flat: torch.Tensor, lengths: torch.Tensor,
     # == pack_sequences(flat, lengths, width_offsets, buckets, batch)
     ```
     """
-    ns = _triton.ready()
     flat, lengths = flat.contiguous(), lengths.contiguous()
     offsets = ragged.lengths_to_offsets(lengths)
     values = torch.empty(int(offsets[-1]), dtype=torch.int64, device=flat.device)
     packed_weights = None if weights is None else \
         torch.empty(values.numel(), dtype=weights.dtype, device=flat.device)
     if values.numel():
-        ns["_pack_sequences_kernel"][(lengths.numel(),)](
+        _pack_sequences_kernel[(lengths.numel(),)](
             flat, lengths, width_offsets.contiguous(), buckets.contiguous(), offsets,
             values, flat if weights is None else weights.contiguous(),
             values if weights is None else packed_weights, batch,
             HAS_WEIGHTS=weights is not None, BLOCK_L=BLOCK_L)
     return values, offsets, packed_weights
+
+
+# ---- the torch ops (dispatch.register) ----------------------------------------------
+
+def _packed_fake(flat, lengths, width_offsets, buckets, batch, weights):
+    ids = flat.new_empty(torch.library.get_ctx().new_dynamic_size())
+    return (ids, lengths.new_empty(lengths.shape[0] + 1),
+            None if weights is None else weights.new_empty(ids.shape))
+
+
+_hash_into_buckets = register(
+    "hash_into_buckets(Tensor ids, Tensor buckets) -> Tensor",
+    reference=hash_into_buckets_reference, triton=hash_into_buckets_triton,
+    fake=lambda ids, buckets: torch.empty_like(ids))
+_bucketize = register(
+    "bucketize(Tensor values, Tensor boundaries) -> Tensor",
+    reference=bucketize_reference, triton=bucketize_triton,
+    fake=lambda values, boundaries: torch.empty_like(values, dtype=torch.int64))
+_cross = register(
+    "cross(Tensor columns, Tensor members) -> Tensor",
+    reference=cross_reference, triton=cross_triton,
+    fake=lambda columns, members: columns.new_empty((members.shape[0],
+                                                     *columns.shape[1:])))
+_pack_sequences = register(
+    "pack_sequences(Tensor flat, Tensor lengths, Tensor width_offsets, Tensor buckets, "
+    "int batch, Tensor? weights) -> (Tensor, Tensor, Tensor?)",
+    reference=pack_sequences_reference, triton=pack_sequences_triton, fake=_packed_fake)
 
 
 # ---- public entry points -------------------------------------------------------------
@@ -381,9 +401,7 @@ def hash_into_buckets(ids: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
     hash_into_buckets(ids, torch.tensor([0, 10]))   # [[5, -1], [h5, h-1]], h in [0, 10)
     ```
     """
-    if use_triton(ids):
-        return hash_into_buckets_triton(ids, buckets)
-    return hash_into_buckets_reference(ids, buckets)
+    return _hash_into_buckets(ids, buckets)
 
 
 def bucketize(values: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
@@ -408,9 +426,7 @@ def bucketize(values: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
     # [[0, 2], [2, 1]]
     ```
     """
-    if use_triton(values):
-        return bucketize_triton(values, boundaries)
-    return bucketize_reference(values, boundaries)
+    return _bucketize(values, boundaries)
 
 
 def cross(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
@@ -434,9 +450,7 @@ def cross(columns: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
     #  hash_combine_reference(columns[[2, 1, 0]])]
     ```
     """
-    if use_triton(columns):
-        return cross_triton(columns, members)
-    return cross_reference(columns, members)
+    return _cross(columns, members)
 
 
 def pack_sequences(flat: torch.Tensor, lengths: torch.Tensor, width_offsets: torch.Tensor,
@@ -479,6 +493,4 @@ def pack_sequences(flat: torch.Tensor, lengths: torch.Tensor, width_offsets: tor
     # values [4, 5, 7, 8, 9, -6], offsets [0, 2, 2, 3, 6]
     ```
     """
-    if use_triton(flat):
-        return pack_sequences_triton(flat, lengths, width_offsets, buckets, batch, weights)
-    return pack_sequences_reference(flat, lengths, width_offsets, buckets, batch, weights)
+    return _pack_sequences(flat, lengths, width_offsets, buckets, batch, weights)

@@ -247,8 +247,9 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             steps_per_execution: must be 1: every step runs eagerly (the
                 embedding lookup is not a traceable graph).
             jit_compile: `False` or `"auto"` (which means False here):
-                `torch.compile` cannot trace the embedding engine's hash
-                tables, nor its optimizer applied after backward.
+                the step keeps data-dependent sizes and the sparse
+                optimizer's hook in backward, and `torch.compile` of the
+                dense part alone was measured slower (docs/kernels.md).
             **kwargs: other `keras.Model.compile` arguments (`loss_weights`,
                 `weighted_metrics`, `run_eagerly`, `auto_scale_loss`).
 
@@ -264,9 +265,14 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, "
                              f"got {nonfinite!r}")
         if jit_compile not in (False, "auto"):
-            raise ValueError("rk.Model does not support jit_compile=True: torch.compile "
-                             "cannot trace the embedding engine's hash tables and its "
-                             "sparse optimizer; use jit_compile=False (or 'auto')")
+            raise ValueError("rk.Model does not support jit_compile=True: the sparse "
+                             "kernels are torch ops torch.compile traces, but the step "
+                             "keeps data-dependent sizes and Python hooks (the hash "
+                             "tables, the sparse optimizer run in backward), and "
+                             "compiling the dense part alone did not pay (wide workload "
+                             "on CPU: 33-39 ms a step compiled against 32-33 ms eager, "
+                             "after 4 minutes of compilation; docs/kernels.md); use "
+                             "jit_compile=False (or 'auto')")
         if steps_per_execution != 1:
             raise ValueError(f"rk.Model runs one step per execution; got "
                              f"steps_per_execution={steps_per_execution!r}. Every step "

@@ -53,17 +53,16 @@ def triton_route():
 class Launches:
     """Counts the launches of a kernel module's Triton kernels.
 
-    Every ``*_kernel`` of the module is replaced (through ``monkeypatch``, so
-    for one test) by a wrapper that counts ``kernel[grid](...)`` launches
-    by name and launches the kernel.
+    Every ``*_kernel`` of the module (a ``dispatch.Kernel``) is replaced
+    (through ``monkeypatch``, so for one test) by a wrapper that counts
+    ``kernel[grid](...)`` launches by name and launches the kernel.
     """
 
     def __init__(self, monkeypatch, module):
         self.counts = collections.Counter()
-        namespace = module._triton.ready()
-        for name, fn in list(namespace.items()):
-            if name.endswith("_kernel"):
-                monkeypatch.setitem(namespace, name, _Counted(fn, name, self.counts))
+        for name, fn in list(vars(module).items()):
+            if isinstance(fn, dispatch.Kernel) and name.endswith("_kernel"):
+                monkeypatch.setattr(module, name, _Counted(fn, name, self.counts))
 
 
 class _Counted:
