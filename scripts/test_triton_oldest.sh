@@ -37,7 +37,9 @@ assert Version(numpy.__version__) < Version('2.4')" 2>/dev/null; then
   .venv/bin/python -m pip install --quiet --no-deps --target "$site" \
       "triton==$oldest" "numpy>=1.24,<2.4"
 fi
-export PYTHONPATH="$PWD/$site"
+# The repository itself too: subprocesses (the sm_90 compile) must import this
+# checkout, not another copy of reckeras.
+export PYTHONPATH="$PWD/$site:$PWD"
 .venv/bin/python -c "import triton, numpy; print('triton', triton.__version__, 'numpy', numpy.__version__)"
 .venv/bin/python -m pytest tests/backend_kernels tests/features/test_plan.py \
     tests/test_optimizers.py "$@"
