@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 from typing import Any
 
 import keras
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from reckeras import _allocator, _keras_compat, checkpoint, distributed
+from reckeras import _keras_compat, checkpoint, distributed
 from reckeras import optimizers as sparse_optimizers
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
-from reckeras.metrics import GAUC
-from reckeras.pipeline import guard
-from reckeras.pipeline import stream as streams
+from reckeras.pipeline import group_metrics, loops, steps
 from reckeras.pipeline import windows as windowed
-from reckeras.pipeline.batches import Targets, as_data, check_class_weight
-from reckeras.pipeline.functional import FunctionalGraph
-from reckeras.pipeline.group_metrics import split_group_metrics
+from reckeras.pipeline.functional import FunctionalGraph, fed_layers
 from reckeras.pipeline.on_batch import OnBatchMethods
 from reckeras.pipeline.refused import RefusedKerasMethods
-from reckeras.pipeline.targets import targets_for
+from reckeras.pipeline.resume import ResumePosition
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -113,30 +105,9 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             _keras_compat.init_functional_model(self, args, kwargs)
         else:
             super().__init__(*args, **kwargs)
-        self._prepared = None          # the PreparedBatch of the running step
         self.nonfinite = "raise"
         self.pipeline_stats = {}
-        self._resume_position = None   # set by resume_at, taken by the next fit
-        self._dense_routes = None      # set by the first step (pipeline.dense_routing)
-
-    def _forward(self, inputs: dict, training: bool):
-        """`self(inputs, training=training)`. For the running step's batch
-        the FeatureColumns layer returns the packed output the pipeline made
-        (`FeatureColumns.pack`) instead of packing it again."""
-        prepared = self._prepared
-        if prepared is None or prepared.inputs is not inputs or prepared.packed is None:
-            return self(inputs, training=training)
-        with self.feature_columns.prepacked(inputs, prepared.packed):
-            return self(inputs, training=training)
-
-    @contextlib.contextmanager
-    def _running(self, batch):
-        """Makes `batch` (a PreparedBatch) the one `_forward` finds prepared."""
-        self._prepared = batch
-        try:
-            yield batch.data
-        finally:
-            self._prepared = None
+        self.loop_state = loops.LoopState()
 
     # ---- structure -------------------------------------------------------------
 
@@ -165,17 +136,6 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
     def embedding_layers(self) -> list:
         """The model's ShardedEmbedding layers."""
         return list(self._layers_of(ShardedEmbedding))
-
-    def _layers_fed_by_columns(self):
-        """Embedding layers that look up the FeatureColumns' packed batch
-        itself, once per step (the stages may work on their ids ahead): none
-        in a subclassed model, whose `call` is code, not a graph to read."""
-        return []
-
-    def _declared_outputs(self):
-        """The structure of the outputs, or None when it is known only by
-        calling the model (subclassed)."""
-        return None
 
     def export_serving(self, path: str | os.PathLike, rows: str = "float32",
                        min_count: int | None = None) -> str:
@@ -220,7 +180,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             raise NotImplementedError("export_serving() traces a functional model's graph; a "
                                       "subclassed rk.Model has none: build the model with "
                                       "rk.Model(inputs, outputs) to export it")
-        return export_serving(self, self._layers_fed_by_columns(), path, rows, min_count)
+        return export_serving(self, fed_layers(self), path, rows, min_count)
 
     # ---- compile -----------------------------------------------------------------
 
@@ -271,7 +231,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             raise ValueError(f"rk.Model runs one step per execution; got "
                              f"steps_per_execution={steps_per_execution!r}. Every step "
                              f"is eager already, so there is nothing to amortize")
-        metrics, group_metrics, group_outputs = split_group_metrics(metrics)
+        metrics, gaucs, gauc_outputs = group_metrics.split_group_metrics(metrics)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics,
                         jit_compile=False, **kwargs)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -280,8 +240,8 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
                              "embedding tables' optimizer would receive the scaled "
                              "gradients. Use the mixed_bfloat16 or float32 policy, or "
                              "compile(auto_scale_loss=False)")
-        self._group_metrics = group_metrics
-        self._group_outputs = group_outputs     # the output each GAUC reads (None: the only one)
+        self._group_metrics = gaucs
+        self._group_outputs = gauc_outputs     # the output each GAUC reads (None: the only one)
         self.nonfinite = nonfinite
         if embedding_optimizer is None and self.embedding_layers:
             raise ValueError("the model has ShardedEmbedding tables: pass "
@@ -305,9 +265,8 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
                 config["embedding_optimizer"] = sparse_optimizers.serialize(
                     self.embedding_optimizer)
             if self._group_metrics:
-                config["group_metrics"] = [
-                    {"output": output, "config": metric.get_config()}
-                    for output, metric in zip(self._group_outputs, self._group_metrics)]
+                config["group_metrics"] = group_metrics.group_metrics_config(
+                    self._group_metrics, self._group_outputs)
         return config
 
     def compile_from_config(self, config: dict) -> None:
@@ -317,18 +276,9 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             config: the compile config.
         """
         embedding_optimizer = config.pop("embedding_optimizer", None)
-        group_metrics = config.pop("group_metrics", [])
+        saved_gaucs = config.pop("group_metrics", [])
         config = keras.saving.deserialize_keras_object(config)
-        metrics = config.get("metrics")
-        for entry in group_metrics:
-            # Models saved before per-output GAUC hold the bare config.
-            output, gauc = entry.get("output"), GAUC(**entry.get("config", entry))
-            if output is None:
-                metrics = [*(metrics or []), gauc]
-            else:
-                metrics = dict(metrics or {})
-                metrics[output] = [*keras.tree.flatten(metrics.get(output) or []), gauc]
-        config["metrics"] = metrics
+        config["metrics"] = group_metrics.with_group_metrics(config.get("metrics"), saved_gaucs)
         self.compile(embedding_optimizer=embedding_optimizer, **config)
         if self.built:
             self.optimizer.build(self.trainable_variables)
@@ -503,41 +453,8 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         model.fit(train, epochs=4)     # epoch 2 from batch 150, then epoch 3
         ```
         """
-        for name, value, low in (("epoch", epoch, 0), ("step", step, 0),
-                                 ("global_batch_size", global_batch_size, 1),
-                                 ("world_size", world_size, 1)):
-            if value is None and name in ("global_batch_size", "world_size"):
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"resume_at: {name} must be an int >= {low}, got {value!r}")
-        self._resume_position = (epoch, step, global_batch_size, world_size)
-
-    def _take_resume_position(self, data, batch_size, steps):
-        """`(epoch, batches to skip)` of `resume_at`, checked against this fit."""
-        epoch, step, global_batch, recorded_world = self._resume_position
-        self._resume_position = None
-        world = distributed.world()
-        position = f"the position to resume at (epoch {epoch + 1}, after step {step})"
-        if global_batch is not None and global_batch != batch_size * world.size:
-            hint = f": pass batch_size={global_batch // world.size}" \
-                if global_batch % world.size == 0 else \
-                f", which {world.size} ranks cannot split evenly"
-            raise ValueError(f"{position} was reached with {global_batch} examples per step "
-                             f"over all ranks, this fit takes {batch_size} x {world.size} "
-                             f"rank(s) = {batch_size * world.size}: its steps hold other "
-                             f"examples{hint}")
-        if step > steps:
-            raise ValueError(f"{position} lies beyond this fit's epochs of {steps} steps: "
-                             f"the data is not the one that was trained on")
-        if step and recorded_world not in (None, world.size) and \
-                not getattr(data, "global_batches_independent_of_shards", False):
-            raise ValueError(
-                f"{position} was reached on {recorded_world} rank(s); this data gives each "
-                f"rank a contiguous range of rows, so the examples of the first {step} "
-                f"steps on {recorded_world} rank(s) are not those on {world.size}: resume "
-                f"on {recorded_world} rank(s), or back up at epoch ends "
-                f"(save_freq='epoch'), which resume on any number of ranks")
-        return epoch, step
+        self.loop_state.resume_position = ResumePosition(epoch, step, global_batch_size,
+                                                         world_size)
 
     # ---- steps ---------------------------------------------------------------------
 
@@ -557,49 +474,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The metrics' values (unchanged by a skipped step).
         """
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        engines = [layer.engine for layer in self.embedding_layers]
-        for engine in engines:
-            engine.release_pins()       # left by a step that failed mid-way
-        with contextlib.ExitStack() as stack:
-            updates = [stack.enter_context(engine.deferred_updates()) for engine in engines]
-            y_pred = self._forward(x, training=True)
-            self.zero_grad()
-            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                     training=True)
-            scaled = self.optimizer.scale_loss(loss)
-            if scaled.requires_grad:
-                scaled.backward()
-            trainable = self.trainable_weights[:]
-            gradients = [v.value.grad for v in trainable]
-            if not guard.step_is_finite(loss, gradients, updates):
-                return self._refuse_step(loss, gradients, trainable, updates)
-            for update in updates:
-                update.apply()
-            if trainable:
-                with torch.no_grad():
-                    # Each rank's loss is a mean over its own examples:
-                    # averaging the gradients gives the global mean's.
-                    distributed.all_reduce_mean_([g for g in gradients if g is not None])
-                    self.optimizer.apply(gradients, trainable)
-        _keras_compat.update_loss_tracker(self, loss, _examples(y))
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-    def _refuse_step(self, loss, gradients, trainable, updates):
-        for update in updates:
-            update.discard()
-        self.zero_grad()
-        if self.nonfinite == "skip":
-            self.pipeline_stats["nonfinite_skipped"] = \
-                self.pipeline_stats.get("nonfinite_skipped", 0) + 1
-            return self.get_metrics_result()
-        parts = guard.nonfinite_parts(
-            loss, [(v.path, g) for v, g in zip(trainable, gradients)],
-            [(layer.name, u) for layer, u in zip(self.embedding_layers, updates)])
-        raise guard.NonFiniteStepError(
-            f"{', '.join(parts) or 'another rank'} is not finite (NaN or inf); "
-            f"the step was undone: no weight, table row or optimizer state changed. "
-            f"compile(nonfinite='skip') skips such steps instead")
+        return steps.train_step(self, data)
 
     def test_step(self, data: tuple) -> dict:
         """One evaluation step: loss and metrics, no update.
@@ -610,12 +485,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The metrics' values.
         """
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self._forward(x, training=False)
-        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=False)
-        _keras_compat.update_loss_tracker(self, loss, _examples(y))
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return steps.test_step(self, data)
 
     def predict_step(self, data: Any) -> Any:
         """The model's outputs for one batch (Keras's `predict_step`).
@@ -626,8 +496,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The outputs, as `model(x)` returns them.
         """
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return self._forward(x, training=False)
+        return steps.predict_step(self, data)
 
     def compute_metrics(self, x: dict, y: Any, y_pred: Any,
                         sample_weight: Any = None) -> dict:
@@ -642,73 +511,11 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The metrics' values.
         """
-        for output, metric in zip(self._group_outputs, self._group_metrics):
-            metric.update_state(y if output is None else y[output],
-                                y_pred if output is None else y_pred[output],
-                                sample_weight, groups=x[metric.group])
+        group_metrics.update_group_metrics(self._group_metrics, self._group_outputs, x, y,
+                                           y_pred, sample_weight)
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
-    def _synced_metrics_result(self):
-        """Metrics over all ranks' examples (exact AUC/GAUC; summed means)."""
-        if distributed.world().size > 1:
-            leaves = []
-            for metric in self.metrics:
-                leaves.extend(getattr(metric, "metrics", None) or [metric])
-            for metric in leaves:
-                if hasattr(metric, "sync_across_ranks"):
-                    metric.sync_across_ranks()
-                elif metric.variables:
-                    # Mean-style metrics keep (total, count): sums reduce them.
-                    with distributed.collective("reducing metrics across ranks"):
-                        for variable in metric.variables:
-                            torch.distributed.all_reduce(variable.value.data)
-        return _python_logs(self.get_metrics_result())
-
     # ---- loops -----------------------------------------------------------------------
-
-    def _stream(self, data, batch_size, steps, targets, training, shuffle=False, seed=0,
-                pipeline="auto", prefetch_depth=2, skip=0):
-        return streams.EpochStream(self.feature_columns, self._layers_fed_by_columns(),
-                                   data, batch_size, steps, targets, training,
-                                   shuffle=shuffle, seed=seed, pipeline=pipeline,
-                                   prefetch_depth=prefetch_depth, skip=skip)
-
-    def _sync_dense_weights(self):
-        """Gives every rank rank 0's dense weights (once, before training)."""
-        if distributed.world().size > 1 and not getattr(self, "_weights_synced", False):
-            with torch.no_grad(), distributed.collective("broadcasting dense weights"):
-                for variable in self.variables:
-                    torch.distributed.broadcast(variable.value.data, src=0)
-            self._weights_synced = True
-
-    def _adapt_if_needed(self, data, batch_size):
-        columns = self.feature_columns
-        if columns.needs_adapt:
-            columns.adapt(b for _, b in zip(range(64), data.batches(batch_size)))
-
-    def _prepare_to_train(self, data, batch_size):
-        """Adapts the columns on `data` if they need it, checks the engines'
-        configs across ranks, builds a subclassed model, gives every rank
-        rank 0's dense weights and tunes the allocator for training
-        (`rk.config`'s `malloc_tuning`)."""
-        _allocator.tune_malloc()
-        self._adapt_if_needed(data, batch_size)
-        for layer in self.embedding_layers:
-            layer.engine.connect()            # checks configs agree across ranks
-        if not self.built:
-            self._build_on(data, batch_size)
-        self._sync_dense_weights()
-
-    def _build_on(self, data, batch_size):
-        """Builds a subclassed model (its weights exist once it has run):
-        one forward pass, not training (no table row is created), on this
-        rank's first batch of `data`."""
-        steps = streams.agreed_steps(data, batch_size, 1)
-        with torch.no_grad(), self._stream(data, batch_size, steps, Targets(), False,
-                                           pipeline=False) as batches:
-            for batch in batches:
-                with self._running(batch) as (inputs, _, _):
-                    self._forward(inputs, training=False)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
             epochs: int = 1, verbose: int | str = "auto", callbacks: list | None = None,
@@ -778,78 +585,11 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
                   callbacks=[keras.callbacks.EarlyStopping(restore_best_weights=True)])
         ```
         """
-        if not self.compiled:
-            raise RuntimeError("compile() the model before fit()")
-        if distributed.world().size > 1 and any(
-                isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
-            raise ValueError("keras.callbacks.BackupAndRestore writes one weights file from "
-                             "every rank, each holding only its own table rows: under "
-                             "torchrun use rk.callbacks.BackupAndRestore(backup_dir), "
-                             "which writes sharded reckeras checkpoints and resumes "
-                             "mid-epoch on any number of ranks")
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose)
-        if not (isinstance(validation_freq, int) and validation_freq >= 1):
-            raise ValueError(f"validation_freq must be an int >= 1, got {validation_freq!r}")
-        class_weight = check_class_weight(class_weight)
-        if class_weight is not None and sample_weight is not None:
-            raise ValueError("You cannot use class_weight and sample_weight at the same "
-                             "time (Keras's rule): fold the class weights into "
-                             "sample_weight instead")
-        data, weight = as_data(x, y, sample_weight)
-        if validation_split:
-            if not 0 < validation_split < 1:
-                raise ValueError(f"validation_split must be in (0, 1), "
-                                 f"got {validation_split!r}")
-            if validation_data is None:
-                if not hasattr(data, "split"):
-                    raise ValueError("validation_split needs in-memory data (a dict of "
-                                     "arrays or a pyarrow Table); for a dataset, pass "
-                                     "validation_data")
-                data, validation_data = data.split(validation_split)
-                validation_data = (validation_data, None, weight)
-        targets = self._targets(data, labels, weight, class_weight, "fit")
-        self._prepare_to_train(data, batch_size)
-        verbose = verbose if distributed.world().is_main else 0
-        steps = streams.agreed_steps(data, batch_size, steps_per_epoch)
-        callback_list = self._callback_list(callbacks, verbose, epochs, steps,
-                                            add_history=True, batch_size=batch_size)
-        self.stop_training = False
-        self.make_train_function()
-        callback_list.on_train_begin()
-        initial_epoch = _keras_compat.initial_epoch(self, initial_epoch)
-        skip = 0
-        if self._resume_position is not None:
-            initial_epoch, skip = self._take_resume_position(data, batch_size, steps)
-        epoch_logs = {}
-        self.pipeline_stats = {}
-        for epoch in range(initial_epoch, epochs):
-            self.reset_metrics()
-            callback_list.on_epoch_begin(epoch)
-            self.train()
-            self._fit_epoch(epoch, epochs, data, batch_size, steps, targets, shuffle,
-                            seed, pipeline, prefetch_depth, callback_list, verbose,
-                            skip=skip if epoch == initial_epoch else 0)
-            epoch_logs = self._synced_metrics_result()
-            self.eval()
-            if validation_data is not None and (epoch + 1) % validation_freq == 0:
-                val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(
-                    validation_data)
-                val_logs = self.evaluate(
-                    val_x, val_y, batch_size=validation_batch_size or batch_size,
-                    verbose=0, sample_weight=val_weight, steps=validation_steps,
-                    callbacks=callback_list, return_dict=True,
-                    labels=labels if val_y is None else None, pipeline=pipeline,
-                    prefetch_depth=prefetch_depth)
-                epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            if verbose:
-                tqdm.write(f"Epoch {epoch + 1}/{epochs}: " + "  ".join(
-                    f"{k}={v:.4f}" for k, v in epoch_logs.items()))
-            if self.stop_training:
-                break
-        callback_list.on_train_end(epoch_logs)
-        return self.history
+        return loops.fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_split,
+                         validation_data, shuffle, class_weight, sample_weight,
+                         initial_epoch, steps_per_epoch, validation_steps,
+                         validation_batch_size, validation_freq, labels, seed, pipeline,
+                         prefetch_depth)
 
     def fit_windows(self, windows: Any, batch_size: int | None = None,
                     verbose: int | str = "auto", callbacks: list | None = None,
@@ -912,76 +652,11 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         history.history["progressive_auc"]   # each day, before training on it
         ```
         """
-        if not self.compiled:
-            raise RuntimeError("compile() the model before fit_windows()")
-        windows = list(windows)
-        if not windows:
-            raise ValueError("fit_windows() needs at least one window")
-        if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
-            raise ValueError("fit_windows() does not resume with BackupAndRestore: save "
-                             "with rk.callbacks.ModelCheckpoint, load_checkpoint, and "
-                             "pass the windows not yet trained on")
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose) if distributed.world().is_main else 0
-        # The first window is evaluated before any fit: adapt and sync first.
-        self._prepare_to_train(as_data(windows[0])[0], batch_size)
         return windowed.fit_windows(
             self, windows, batch_size=batch_size, verbose=verbose, callbacks=callbacks,
             shuffle=shuffle, class_weight=class_weight, sample_weight=sample_weight,
             labels=labels, seed=seed, evaluate_batch_size=evaluate_batch_size,
             pipeline=pipeline, prefetch_depth=prefetch_depth)
-
-    def _targets(self, data, labels, weight, class_weight, loop):
-        """The `Targets` a loop reads (`targets.targets_for`)."""
-        return targets_for(data, labels, weight, class_weight, loop,
-                           self._declared_outputs(), self.loss)
-
-    def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False,
-                       **params):
-        """The loop's `CallbackList` (fit hands its own to its validation);
-        `params` join Keras's `verbose`, `epochs` and `steps`."""
-        if isinstance(callbacks, keras.callbacks.CallbackList):
-            return callbacks
-        return keras.callbacks.CallbackList(callbacks, add_history=add_history,
-                                            add_progbar=False, model=self, verbose=verbose,
-                                            epochs=epochs, steps=steps, **params)
-
-    def _fit_epoch(self, epoch, epochs, data, batch_size, steps, targets, shuffle, seed,
-                   pipeline, prefetch_depth, callback_list, verbose, skip=0):
-        """One epoch of `fit`; its first `skip` batches are left out (`resume_at`)."""
-        bar = tqdm(total=steps, initial=skip, desc=f"Epoch {epoch + 1}/{epochs}",
-                   unit="step", disable=verbose != 1, leave=True)
-        examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
-        stream = self._stream(data, batch_size, steps, targets, True, shuffle,
-                              seed + epoch, pipeline, prefetch_depth, skip=skip)
-        with stream as batches:
-            for step, batch in enumerate(batches, start=skip):
-                callback_list.on_train_batch_begin(step)
-                step_started = time.perf_counter()
-                try:
-                    with self._running(batch) as step_data:
-                        logs = self.train_step(step_data)
-                except guard.NonFiniteStepError as error:
-                    raise guard.NonFiniteStepError(
-                        f"training step {step + 1} of epoch {epoch + 1}: {error}") from None
-                step_s += time.perf_counter() - step_started
-                callback_list.on_train_batch_end(step, logs)
-                examples += batch.rows
-                taken += 1
-                bar.update(1)
-                if step % 10 == 0 or step == steps - 1:
-                    rate = examples / (time.perf_counter() - started)
-                    bar.set_postfix(loss=f"{float(logs['loss']):.4f}", ex_s=f"{rate:,.0f}")
-                if self.stop_training:
-                    break
-        bar.close()
-        streams.add_epoch_stats(self.pipeline_stats, stream, taken, step_s, examples,
-                                time.perf_counter() - started)
-        caches = {layer.name: [t["cache"] for t in layer.engine.stats()["tables"]
-                               if "cache" in t] for layer in self.embedding_layers}
-        caches = {name: tables for name, tables in caches.items() if tables}
-        if caches:                  # cumulative since the caches were configured
-            self.pipeline_stats["embedding_cache"] = caches
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None,
                  verbose: int | str = "auto", sample_weight: Any = None,
@@ -1013,31 +688,8 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         logs = model.evaluate(test, batch_size=8192, return_dict=True)
         ```
         """
-        if isinstance(x, tuple) and y is None and sample_weight is None:
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(x)
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose) if distributed.world().is_main else 0
-        data, weight = as_data(x, y, sample_weight)
-        targets = self._targets(data, labels, weight, None, "evaluate")
-        total = streams.agreed_steps(data, batch_size, steps)
-        callback_list = self._callback_list(callbacks, verbose, 1, total)
-        self.reset_metrics()
-        callback_list.on_test_begin()
-        stream = self._stream(data, batch_size, total, targets, False,
-                              pipeline=pipeline, prefetch_depth=prefetch_depth)
-        with torch.no_grad(), stream as batches:
-            for step, batch in enumerate(tqdm(batches, total=total, desc="Evaluate",
-                                              unit="step", disable=verbose != 1)):
-                callback_list.on_test_batch_begin(step)
-                with self._running(batch) as step_data:
-                    logs = self.test_step(step_data)
-                callback_list.on_test_batch_end(step, logs)
-        logs = self._synced_metrics_result()
-        callback_list.on_test_end(logs)
-        if return_dict:
-            return logs
-        values = list(logs.values())
-        return values[0] if len(values) == 1 else values
+        return loops.evaluate(self, x, y, batch_size, verbose, sample_weight, steps, callbacks,
+                              return_dict, labels, pipeline, prefetch_depth)
 
     def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = "auto",
                 steps: int | None = None, callbacks: Any = None,
@@ -1064,54 +716,8 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         scores = model.predict(test, batch_size=8192)[:, 0]
         ```
         """
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose) if distributed.world().is_main else 0
-        data, _ = as_data(x)
-        total = streams.agreed_steps(data, batch_size, steps)
-        callback_list = self._callback_list(callbacks, verbose, 1, total)
-        callback_list.on_predict_begin()
-        outputs = []
-        stream = self._stream(data, batch_size, total, Targets(), False,
-                              pipeline=pipeline, prefetch_depth=prefetch_depth)
-        with torch.no_grad(), stream as batches:
-            for step, batch in enumerate(tqdm(batches, total=total, desc="Predict",
-                                              unit="step", disable=verbose != 1)):
-                callback_list.on_predict_batch_begin(step)
-                with self._running(batch) as step_data:
-                    batch_outputs = keras.tree.map_structure(
-                        keras.ops.convert_to_numpy, self.predict_step(step_data))
-                outputs.append(batch_outputs)
-                callback_list.on_predict_batch_end(step, {"outputs": batch_outputs})
-        callback_list.on_predict_end()
-        if not outputs:
-            raise ValueError("predict() received no data")
-        return keras.tree.map_structure_up_to(
-            outputs[0], lambda *parts: np.concatenate(parts), *outputs)
-
-
-def _examples(y):
-    """The batch size of labels (a tensor, or a dict of them)."""
-    return keras.tree.flatten(y)[0].shape[0]
-
-
-def _batch_size(batch_size):
-    if batch_size is None:
-        return 4096
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return batch_size
-
-
-def _verbose(verbose):
-    if verbose == "auto":
-        return 1
-    if verbose not in (0, 1, 2):
-        raise ValueError(f"verbose must be 'auto', 0, 1 or 2, got {verbose!r}")
-    return verbose
-
-
-def _python_logs(logs):
-    return {name: float(keras.ops.convert_to_numpy(value)) for name, value in logs.items()}
+        return loops.predict(self, x, batch_size, verbose, steps, callbacks, pipeline,
+                             prefetch_depth)
 
 
 @keras.saving.register_keras_serializable(package="reckeras", name="Model")
