@@ -139,6 +139,30 @@ def declared_outputs(model: Any) -> Any:
         if isinstance(model, FunctionalGraph) else None
 
 
+def rebase_on_functional(cls: type, model: type, functional_model: type) -> type:
+    """Puts `functional_model` in place of `model` in `cls`'s bases (and in
+    those of its bases between it and `model`).
+
+    A subclass of `rk.Model` given `(inputs, outputs)`, as Keras allows,
+    becomes functional this way (Keras rebases such a subclass on its
+    `Functional`, which here would rebase `rk.Model` itself).
+
+    Args:
+        cls: the subclass.
+        model: `rk.Model`.
+        functional_model: its functional class.
+
+    Returns:
+        `cls`, rebased.
+    """
+    cls.__bases__ = tuple(
+        functional_model if base is model else
+        rebase_on_functional(base, model, functional_model)
+        if issubclass(base, model) and not issubclass(base, functional_model) else base
+        for base in cls.__bases__)
+    return cls
+
+
 def prepared_output(batch: Any) -> Callable:
     """A stand-in for the FeatureColumns layer in the graph.
 
