@@ -181,7 +181,7 @@ class ModelStateMethods:
         The data order is the uninterrupted run's: epoch `e` is shuffled
         with seed `seed + e` whatever epoch a fit starts at. Call it before
         `fit` or from a callback's `on_train_begin`; only the next `fit`
-        takes it.
+        takes it (it is kept in `model.loop_state.resume_position`).
 
         Args:
             epoch: the epoch to start at (0-based).

@@ -16,9 +16,8 @@ from typing import Any, Iterator
 import keras
 import torch
 
+from reckeras.pipeline import loops
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
-from reckeras.pipeline.loops import (epoch_stream, prepare_to_train, returned_logs,
-                                     synced_metrics_result)
 from reckeras.pipeline.targets import model_targets
 
 
@@ -94,8 +93,8 @@ class OnBatchMethods:
         targets = Targets() if method == "predict_on_batch" else \
             model_targets(self, data, None, weight, class_weight, method)
         if training:
-            prepare_to_train(self, batch, batch.rows)
-        return epoch_stream(self, batch, batch.rows, 1, targets, training, pipeline=False)
+            loops.prepare_to_train(self, batch, batch.rows)
+        return loops.epoch_stream(self, batch, batch.rows, 1, targets, training, pipeline=False)
 
     def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
                        class_weight: dict | None = None,
@@ -145,7 +144,7 @@ class OnBatchMethods:
                     self.train_step(batch.data)
         finally:
             self.eval()
-        return returned_logs(synced_metrics_result(self), return_dict)
+        return loops.returned_logs(loops.synced_metrics_result(self), return_dict)
 
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
                       return_dict: bool = False) -> Any:
@@ -177,7 +176,7 @@ class OnBatchMethods:
         with torch.no_grad(), stream as batches:
             for batch in batches:
                 self.test_step(batch.data)
-        return returned_logs(synced_metrics_result(self), return_dict)
+        return loops.returned_logs(loops.synced_metrics_result(self), return_dict)
 
     def predict_on_batch(self, x: Any) -> Any:
         """The model's outputs for one batch, as numpy, like

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Self
 
 import torch
 
@@ -103,7 +103,7 @@ class StepData(tuple):
 
     prepared: PreparedBatch
 
-    def __new__(cls, batch: PreparedBatch) -> StepData:
+    def __new__(cls, batch: PreparedBatch) -> Self:
         data = super().__new__(cls, (batch.inputs, batch.labels, batch.weights))
         data.prepared = batch
         return data
