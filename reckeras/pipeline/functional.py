@@ -20,7 +20,8 @@ from reckeras.pipeline.declared_inputs import DeclaredInputs
 
 
 class FunctionalGraph(_keras_compat.DeclaredInputsShortcut):
-    """Mixin of `rk.Model`'s functional class: the steps run its graph.
+    """Mixin of `rk.Model`'s functional class: the steps run its graph
+    (`forward`).
 
     Args:
         *args: `keras.Model`'s functional arguments (`inputs`, `outputs`,
@@ -32,6 +33,8 @@ class FunctionalGraph(_keras_compat.DeclaredInputsShortcut):
         super().__init__(*args, **kwargs)
         _keras_compat.freeze_input_spec(self)
         self._declared_inputs = DeclaredInputs.of(_keras_compat.functional_inputs(self))
+        self._dense_routes = None      # set by the first `forward` (dense_routing)
+        self._fed_layers = None        # set by the first `fed_layers`
 
     def inputs_as_declared(self, inputs: Any) -> list | None:
         """The flat input list when `inputs` is a dict of exactly the input
@@ -47,48 +50,117 @@ class FunctionalGraph(_keras_compat.DeclaredInputsShortcut):
         declared = self._declared_inputs
         return None if declared is None else declared.match(inputs)
 
-    def _forward(self, inputs, training):
-        """`self(inputs, training=training)`, without Keras's per-call work
-        on inputs that are already as declared (what the loops feed).
 
-        For the running step's batch the FeatureColumns layer is not called:
-        its output was packed once by the pipeline (`FeatureColumns.pack`),
-        and each embedding layer fed by it gets the routes the sparse-dist
-        stage planned for it. Every other layer is called as usual.
-        """
-        flat = self.inputs_as_declared(inputs)      # outside: one check per input
-        columns = self.feature_columns
-        if flat is None or not columns.built:
-            return self(inputs, training=training)
-        if self._dense_routes is None:
-            # The model's own Dense matmuls run in oneDNN on CPU: decided once.
-            self._dense_routes = dense_routing.dense_routes(self)
-        prepared = self._prepared if self._prepared is not None \
-            and self._prepared.inputs is inputs else None
-        replace = {**self._dense_routes,
-                   columns: prepared_output(prepared) if prepared else columns.pack}
-        if prepared is not None:
-            for layer, future in prepared.routes.items():
-                replace[layer] = functools.partial(layer, training=training,
-                                                   routed=future.result())
-        outputs = _keras_compat.run_functional_graph(self, flat, training, replace)
-        return self(inputs, training=training) if outputs is None else outputs
+def forward(model: FunctionalGraph, inputs: dict, training: bool,
+            prepared: Any = None) -> Any:
+    """`model(inputs, training=training)`, without Keras's per-call work on
+    inputs that are already as declared (what the loops feed).
 
-    def _layers_fed_by_columns(self):
-        """Embedding layers that look up the FeatureColumns' packed batch
-        itself, once per step: the stages may work on their ids ahead."""
-        if not hasattr(self, "_fed_layers"):
-            columns = self.feature_columns
-            names = [s.name for s in columns.sparse_specs]
-            self._fed_layers = [
-                layer for layer in self.embedding_layers
-                if [s.name for s in layer.packing.slots] == names
-                and _keras_compat.called_once_on_outputs_of(layer, columns)]
-        return self._fed_layers
+    For the prepared batch the FeatureColumns layer is not called: its
+    output was packed once by the pipeline (`FeatureColumns.pack`), and each
+    embedding layer fed by it gets the routes the sparse-dist stage planned
+    for it. Every other layer is called as usual; the model's own Dense
+    layers run their matmuls in oneDNN (`dense_routing`, decided at the
+    first call).
 
-    def _declared_outputs(self):
-        """The structure of the outputs (labels are checked against it)."""
-        return _keras_compat.functional_outputs(self)
+    Args:
+        model: a functional `rk.Model`.
+        inputs: the batch's encoded inputs.
+        training: the call's training flag.
+        prepared: the `stream.PreparedBatch` of `inputs`, or None.
+
+    Returns:
+        The model's outputs.
+
+    Example:
+
+    ```python
+    outputs = forward(model, batch.inputs, False, batch)
+    ```
+    """
+    flat = model.inputs_as_declared(inputs)      # outside: one check per input
+    columns = model.feature_columns
+    if flat is None or not columns.built:
+        return model(inputs, training=training)
+    if model._dense_routes is None:
+        # The model's own Dense matmuls run in oneDNN on CPU: decided once.
+        model._dense_routes = dense_routing.dense_routes(model)
+    replace = {**model._dense_routes,
+               columns: prepared_output(prepared) if prepared else columns.pack}
+    if prepared is not None:
+        for layer, future in prepared.routes.items():
+            replace[layer] = functools.partial(layer, training=training,
+                                               routed=future.result())
+    outputs = _keras_compat.run_functional_graph(model, flat, training, replace)
+    return model(inputs, training=training) if outputs is None else outputs
+
+
+def fed_layers(model: Any) -> list:
+    """The embedding layers that look up the FeatureColumns' packed batch
+    itself, once per step (the pipeline's stages may work on their ids
+    ahead): read off a functional model's graph once; none in a subclassed
+    model, whose `call` is code, not a graph to read.
+
+    Args:
+        model: an `rk.Model`.
+
+    Returns:
+        The `ShardedEmbedding` layers.
+
+    Example:
+
+    ```python
+    stream = EpochStream(model.feature_columns, fed_layers(model), data, ...)
+    ```
+    """
+    if not isinstance(model, FunctionalGraph):
+        return []
+    if model._fed_layers is None:
+        columns = model.feature_columns
+        names = [s.name for s in columns.sparse_specs]
+        model._fed_layers = [
+            layer for layer in model.embedding_layers
+            if [s.name for s in layer.packing.slots] == names
+            and _keras_compat.called_once_on_outputs_of(layer, columns)]
+    return model._fed_layers
+
+
+def declared_outputs(model: Any) -> Any:
+    """The structure of a model's outputs (labels are checked against it).
+
+    Args:
+        model: an `rk.Model`.
+
+    Returns:
+        A functional model's outputs; None for a subclassed model (known
+        only by calling it).
+    """
+    return _keras_compat.functional_outputs(model) \
+        if isinstance(model, FunctionalGraph) else None
+
+
+def rebase_on_functional(cls: type, model: type, functional_model: type) -> type:
+    """Puts `functional_model` in place of `model` in `cls`'s bases (and in
+    those of its bases between it and `model`).
+
+    A subclass of `rk.Model` given `(inputs, outputs)`, as Keras allows,
+    becomes functional this way (Keras rebases such a subclass on its
+    `Functional`, which here would rebase `rk.Model` itself).
+
+    Args:
+        cls: the subclass.
+        model: `rk.Model`.
+        functional_model: its functional class.
+
+    Returns:
+        `cls`, rebased.
+    """
+    cls.__bases__ = tuple(
+        functional_model if base is model else
+        rebase_on_functional(base, model, functional_model)
+        if issubclass(base, model) and not issubclass(base, functional_model) else base
+        for base in cls.__bases__)
+    return cls
 
 
 def prepared_output(batch: Any) -> Callable:

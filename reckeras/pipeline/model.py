@@ -2,68 +2,37 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import time
 from typing import Any
 
 import keras
-import numpy as np
-import torch
-from tqdm.auto import tqdm
 
-from reckeras import _allocator, _keras_compat, checkpoint, distributed
-from reckeras import optimizers as sparse_optimizers
+from reckeras import _keras_compat
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
-from reckeras.metrics import GAUC
-from reckeras.pipeline import guard
-from reckeras.pipeline import stream as streams
+from reckeras.pipeline import compile_arguments, group_metrics, loops, steps
 from reckeras.pipeline import windows as windowed
-from reckeras.pipeline.batches import Targets, as_data, check_class_weight
-from reckeras.pipeline.functional import FunctionalGraph
-from reckeras.pipeline.group_metrics import split_group_metrics
+from reckeras.pipeline.functional import FunctionalGraph, rebase_on_functional
+from reckeras.pipeline.model_state import ModelStateMethods
 from reckeras.pipeline.on_batch import OnBatchMethods
 from reckeras.pipeline.refused import RefusedKerasMethods
-from reckeras.pipeline.targets import targets_for
-
-NONFINITE_POLICIES = ("raise", "skip")
 
 
-class WeightsWithTables(list):
-    """`rk.Model.get_weights()`: the Keras weights (a list of numpy arrays,
-    as Keras's `get_weights` returns), carrying this rank's embedding tables
-    in `tables` so that `set_weights` restores both from the same moment.
-
-    Args:
-        weights: the Keras weights' values.
-        tables: `{layer name: ShardedEmbedding.table_states()}`.
-    """
-
-    def __init__(self, weights: list, tables: dict):
-        super().__init__(weights)
-        self.tables = tables
-
-
-class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
+class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model):
     """A Keras model over `rk.layers.FeatureColumns` inputs.
 
     Built like `keras.Model(inputs, outputs)` (functional), or subclassed:
     layers made in `__init__` and used in `call`, which receives the dict of
-    encoded inputs (`FeatureColumns.inputs()` names its keys). Its `fit`,
-    `evaluate` and `predict` take reckeras datasets (`rk.datasets.load(...)`),
-    pyarrow tables or dicts of arrays, with Keras's arguments (see each
-    method); every batch is validated and encoded by the model's
-    FeatureColumns (a bad batch raises, naming the feature, before any weight
-    or table row changes). Embedding tables are trained by the
-    `embedding_optimizer` given to `compile`; the dense weights by Keras's
-    `optimizer`. A step whose loss or gradients are not finite changes
+    encoded inputs (`FeatureColumns.inputs()` names its keys). `fit`,
+    `evaluate` and `predict` take reckeras datasets, pyarrow tables or dicts
+    of arrays, with Keras's arguments; the FeatureColumns validate and encode
+    every batch (a bad one raises, naming the feature, before anything
+    changes). The tables are trained by `compile`'s `embedding_optimizer`,
+    the dense weights by Keras's `optimizer`; a non-finite step changes
     nothing (`compile(nonfinite=...)`). `get_weights`/`set_weights` carry the
-    tables along, so Keras's `EarlyStopping(restore_best_weights=True)` and
-    `BackupAndRestore` restore tables and dense weights of the same epoch;
-    `rk.callbacks.BackupAndRestore` also resumes mid-epoch, under torchrun
-    too (`resume_at`). Keras methods that cannot see the tables are refused
-    with a message naming what to use (see `docs/keras_api.md`).
+    tables along, so Keras callbacks that restore weights restore them too;
+    `rk.callbacks.BackupAndRestore` also resumes mid-epoch (`resume_at`).
+    Keras methods that cannot see the tables are refused with a message
+    naming what to use (see `docs/keras_api.md`).
 
     A subclassed model is built by its first batch (`fit` builds it on the
     data's first rows before training; or call `predict_on_batch`), and,
@@ -95,8 +64,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        # `rk.Model(inputs, outputs)` makes a FunctionalModel, as
-        # `keras.Model(inputs, outputs)` makes a Functional.
+        # `rk.Model(inputs, outputs)` makes a FunctionalModel (Keras: a Functional).
         if cls is Model and _keras_compat.functional_init_arguments(args, kwargs):
             cls = FunctionalModel
         return super().__new__(cls, *args, **kwargs)
@@ -104,46 +72,21 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
     def __init__(self, *args: Any, **kwargs: Any):
         if _keras_compat.functional_init_arguments(args, kwargs):
             if not isinstance(self, FunctionalModel):
-                # A subclass given (inputs, outputs), as Keras allows: its class
-                # is rebased on FunctionalModel (Keras rebases it on Functional,
-                # which would rebase rk.Model itself).
-                _rebase_on_functional(type(self))
+                # A subclass given (inputs, outputs), as Keras allows, is rebased on
+                # FunctionalModel (Keras would rebase rk.Model itself on Functional).
+                rebase_on_functional(type(self), Model, FunctionalModel)
                 FunctionalModel.__init__(self, *args, **kwargs)
                 return
             _keras_compat.init_functional_model(self, args, kwargs)
         else:
             super().__init__(*args, **kwargs)
-        self._prepared = None          # the PreparedBatch of the running step
         self.nonfinite = "raise"
         self.pipeline_stats = {}
-        self._resume_position = None   # set by resume_at, taken by the next fit
-        self._dense_routes = None      # set by the first step (pipeline.dense_routing)
-
-    def _forward(self, inputs: dict, training: bool):
-        """`self(inputs, training=training)`. For the running step's batch
-        the FeatureColumns layer returns the packed output the pipeline made
-        (`FeatureColumns.pack`) instead of packing it again."""
-        prepared = self._prepared
-        if prepared is None or prepared.inputs is not inputs or prepared.packed is None:
-            return self(inputs, training=training)
-        with self.feature_columns.prepacked(inputs, prepared.packed):
-            return self(inputs, training=training)
-
-    @contextlib.contextmanager
-    def _running(self, batch):
-        """Makes `batch` (a PreparedBatch) the one `_forward` finds prepared."""
-        self._prepared = batch
-        try:
-            yield batch.data
-        finally:
-            self._prepared = None
-
-    # ---- structure -------------------------------------------------------------
+        self.loop_state = loops.LoopState()
 
     def _layers_of(self, kind):
-        # A functional model's layers are fixed once it is built: walk them
-        # once. Keyed by name: Keras tracks the dict, and pytrees of it (as
-        # torch.export walks) sort its keys.
+        # Walked once (a built model's layers are fixed). Keyed by name: Keras
+        # tracks the dict, and pytrees of it (torch.export's) sort its keys.
         if not hasattr(self, "_layers_by_kind"):
             self._layers_by_kind = {}
         if kind.__qualname__ not in self._layers_by_kind:
@@ -165,64 +108,6 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
     def embedding_layers(self) -> list:
         """The model's ShardedEmbedding layers."""
         return list(self._layers_of(ShardedEmbedding))
-
-    def _layers_fed_by_columns(self):
-        """Embedding layers that look up the FeatureColumns' packed batch
-        itself, once per step (the stages may work on their ids ahead): none
-        in a subclassed model, whose `call` is code, not a graph to read."""
-        return []
-
-    def _declared_outputs(self):
-        """The structure of the outputs, or None when it is known only by
-        calling the model (subclassed)."""
-        return None
-
-    def export_serving(self, path: str | os.PathLike, rows: str = "float32",
-                       min_count: int | None = None) -> str:
-        """Writes the model's serving artifact, which `rk.serving.load` reads
-        without Keras.
-
-        The artifact holds the feature specs with their adapted statistics
-        (the predictor runs the same transforms), every table's keys and
-        rows (no optimizer state), the dense network as a `torch.export`
-        program, and a manifest with versions and checksums. Under torchrun
-        every rank calls it and writes its own rows; the artifact loads in
-        one process. See `docs/serving.md`.
-
-        Args:
-            path: the artifact directory (replaced if it exists).
-            rows: `"float32"`, `"float16"` or `"int8"` (row-wise quantized:
-                a scale and bias per row).
-            min_count: export only the rows seen in at least this many
-                training steps (the others read zeros at serving, as ids
-                never seen do); None exports every row. The manifest
-                records it and the rows kept per table.
-
-        Returns:
-            The artifact's path.
-
-        Raises:
-            ValueError: an unknown `rows`, a `min_count` that is not an int
-                >= 1 or None, or an embedding layer that does not read the
-                FeatureColumns' output.
-            NotImplementedError: a subclassed model (it has no graph).
-
-        Example:
-
-        ```python
-        model.export_serving("exported/ctr", rows="int8", min_count=2)
-        predictor = rk.serving.load("exported/ctr")
-        ```
-        """
-        from reckeras.serving.export import export_serving
-
-        if not isinstance(self, FunctionalGraph):
-            raise NotImplementedError("export_serving() traces a functional model's graph; a "
-                                      "subclassed rk.Model has none: build the model with "
-                                      "rk.Model(inputs, outputs) to export it")
-        return export_serving(self, self._layers_fed_by_columns(), path, rows, min_count)
-
-    # ---- compile -----------------------------------------------------------------
 
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
                 embedding_optimizer: Any = None, metrics: list | None = None,
@@ -261,40 +146,16 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
                       metrics=[rk.metrics.AUC()], nonfinite="skip")
         ```
         """
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, "
-                             f"got {nonfinite!r}")
-        if jit_compile not in (False, "auto"):
-            raise ValueError("rk.Model does not support jit_compile=True: the sparse "
-                             "kernels are torch ops torch.compile traces, but the step "
-                             "keeps data-dependent sizes and Python hooks (the hash "
-                             "tables, the sparse optimizer run in backward), and "
-                             "compiling the dense part alone did not pay (wide workload "
-                             "on CPU: 33-39 ms a step compiled against 32-33 ms eager, "
-                             "after 4 minutes of compilation; docs/kernels.md); use "
-                             "jit_compile=False (or 'auto')")
-        if steps_per_execution != 1:
-            raise ValueError(f"rk.Model runs one step per execution; got "
-                             f"steps_per_execution={steps_per_execution!r}. Every step "
-                             f"is eager already, so there is nothing to amortize")
-        metrics, group_metrics, group_outputs = split_group_metrics(metrics)
+        compile_arguments.check(nonfinite, jit_compile, steps_per_execution)
+        metrics, gaucs, gauc_outputs = group_metrics.split_group_metrics(metrics)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics,
                         jit_compile=False, **kwargs)
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            raise ValueError("rk.Model does not support loss scaling (a LossScaleOptimizer, "
-                             "or auto_scale_loss under the mixed_float16 policy): the "
-                             "embedding tables' optimizer would receive the scaled "
-                             "gradients. Use the mixed_bfloat16 or float32 policy, or "
-                             "compile(auto_scale_loss=False)")
-        self._group_metrics = group_metrics
-        self._group_outputs = group_outputs     # the output each GAUC reads (None: the only one)
+        compile_arguments.check_optimizer(self.optimizer)
+        self._group_metrics = gaucs
+        self._group_outputs = gauc_outputs     # the output each GAUC reads (None: the only one)
         self.nonfinite = nonfinite
-        if embedding_optimizer is None and self.embedding_layers:
-            raise ValueError("the model has ShardedEmbedding tables: pass "
-                             "embedding_optimizer=rk.optimizers.RowWiseAdagrad(...) "
-                             "(or another rk.optimizers optimizer) to compile()")
-        self.embedding_optimizer = None if embedding_optimizer is None else \
-            sparse_optimizers.get(embedding_optimizer)
+        self.embedding_optimizer = compile_arguments.embedding_optimizer(
+            embedding_optimizer, self.embedding_layers)
         for layer in self.embedding_layers:
             layer.engine.set_optimizer(self.embedding_optimizer)
 
@@ -304,17 +165,9 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             A serializable dict (None when not compiled).
         """
-        config = super().get_compile_config()
-        if config:
-            config["nonfinite"] = self.nonfinite
-            if self.embedding_optimizer is not None:
-                config["embedding_optimizer"] = sparse_optimizers.serialize(
-                    self.embedding_optimizer)
-            if self._group_metrics:
-                config["group_metrics"] = [
-                    {"output": output, "config": metric.get_config()}
-                    for output, metric in zip(self._group_outputs, self._group_metrics)]
-        return config
+        return compile_arguments.with_own_config(
+            super().get_compile_config(), self.nonfinite, self.embedding_optimizer,
+            self._group_metrics, self._group_outputs)
 
     def compile_from_config(self, config: dict) -> None:
         """Compiles from `get_compile_config()` (used by `load_model`).
@@ -322,240 +175,17 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Args:
             config: the compile config.
         """
-        embedding_optimizer = config.pop("embedding_optimizer", None)
-        group_metrics = config.pop("group_metrics", [])
-        config = keras.saving.deserialize_keras_object(config)
-        metrics = config.get("metrics")
-        for entry in group_metrics:
-            # Models saved before per-output GAUC hold the bare config.
-            output, gauc = entry.get("output"), GAUC(**entry.get("config", entry))
-            if output is None:
-                metrics = [*(metrics or []), gauc]
-            else:
-                metrics = dict(metrics or {})
-                metrics[output] = [*keras.tree.flatten(metrics.get(output) or []), gauc]
-        config["metrics"] = metrics
-        self.compile(embedding_optimizer=embedding_optimizer, **config)
+        self.compile(**compile_arguments.from_config(config))
         if self.built:
             self.optimizer.build(self.trainable_variables)
-
-    # ---- state -------------------------------------------------------------------
-
-    def get_weights(self) -> WeightsWithTables:
-        """The values of `model.weights`, with this rank's embedding tables.
-
-        A list of numpy arrays as Keras's `get_weights` returns (same length
-        and order as `model.weights`), whose `tables` attribute holds a copy
-        of every table's keys, rows and optimizer state, so that
-        `set_weights` puts the model back as it was, tables included.
-
-        Returns:
-            A `WeightsWithTables`.
-        """
-        return WeightsWithTables(
-            super().get_weights(),
-            {layer.name: layer.table_states() for layer in self.embedding_layers})
-
-    def set_weights(self, weights: list) -> None:
-        """Sets `model.weights`, and the tables when `weights` carries them.
-
-        Args:
-            weights: a list of numpy arrays as `get_weights` returns; when it
-                is `get_weights()`'s own result, the tables are restored too.
-        """
-        super().set_weights(weights)
-        for layer in self.embedding_layers:
-            tables = getattr(weights, "tables", {})
-            if layer.name in tables:
-                layer.load_table_states(tables[layer.name])
-
-    def embedding_stats(self) -> dict:
-        """Rows, memory and requests of every embedding table on every rank.
-
-        Under torchrun every rank must call it (it gathers across ranks).
-
-        Returns:
-            `{layer name: {"per_rank": [stats of rank 0, ...],
-            "rows_imbalance": max/mean, "requests_imbalance": max/mean}}`
-            where each rank's stats hold `requests` and, per physical table,
-            `dim`, `rows`, `bytes` and `bytes_by_part` (`rows`,
-            `optimizer_state`, `keys`, `tracking`, `index`; see
-            `PhysicalTable.memory_by_part`), plus `cache`, the device cache's
-            hit rates and traffic, for `host_cached` tables (see
-            `docs/caching.md`).
-        """
-        from reckeras.embedding.sharding import imbalance
-        world = distributed.world()
-        result = {}
-        for layer in self.embedding_layers:
-            per_rank = [layer.engine.stats()]
-            if world.size > 1:
-                per_rank = [None] * world.size
-                with distributed.collective("gathering embedding stats"):
-                    torch.distributed.all_gather_object(per_rank, layer.engine.stats())
-            rows = [sum(t["rows"] for t in s["tables"]) for s in per_rank]
-            result[layer.name] = {
-                "per_rank": per_rank, "rows_imbalance": imbalance(rows),
-                "requests_imbalance": imbalance([s["requests"] for s in per_rank])}
-        return result
-
-    def save_checkpoint(self, path: str, base: str | None = None) -> None:
-        """Saves dense weights, tables and optimizer state, from every rank.
-
-        Atomic (a crash leaves the previous checkpoint loadable) and
-        re-shardable: `load_checkpoint` works on any number of ranks. With
-        `base`, a delta: the dense weights whole, and only the table rows
-        (with their optimizer state) written since `base` and the keys
-        deleted since; loading it loads `base` first. See
-        `reckeras.checkpoint` and `docs/continuous.md`. Every rank
-        must call it.
-
-        Args:
-            path: checkpoint directory on a filesystem all ranks share.
-            base: for a delta, a checkpoint this model saved, or loaded
-                exactly, since its last full save or load; None (default)
-                for a full checkpoint.
-
-        Raises:
-            ValueError: `base` is `path`, or not a checkpoint this model
-                saved or loaded since its last full one.
-
-        Example:
-
-        ```python
-        model.save_checkpoint("ckpt/epoch3")
-        model.fit(train, epochs=4, initial_epoch=3)
-        model.save_checkpoint("ckpt/epoch4", base="ckpt/epoch3")   # a delta
-        ```
-        """
-        checkpoint.save_checkpoint(self, path, base=base)
-
-    def load_checkpoint(self, path: str, warm_start: bool = False,
-                        rename_tables: dict[str, str | None] | None = None,
-                        skip_mismatch: bool = False) -> checkpoint.LoadReport:
-        """Restores a checkpoint (full, or a delta and its bases) saved on any world size.
-
-        Exact by default: the model must be the one saved. With
-        `warm_start=True` it may have changed: tables are matched by name
-        (tables it added start fresh, tables it dropped are skipped and
-        reported, `rename_tables` maps old names to new ones, a table whose
-        dim changed raises), dense variables by path with their shapes
-        checked; the Keras optimizer's state is then not restored. Nothing
-        changes if any check fails. See `docs/continuous.md`.
-
-        Args:
-            path: checkpoint directory.
-            warm_start: load into a changed model (match by name).
-            rename_tables: `{checkpoint table: model table}`; a value of
-                None skips that table (warm start only).
-            skip_mismatch: keep the model's value of a dense variable whose
-                shape differs instead of raising (warm start only).
-
-        Returns:
-            A `reckeras.checkpoint.LoadReport`: the chain loaded,
-            and what a warm start added, skipped and renamed.
-
-        Raises:
-            CheckpointError: a file is missing, damaged, of another save, or
-                does not fit the model; the model is unchanged.
-
-        Example:
-
-        ```python
-        model.load_checkpoint("ckpt/epoch3")      # on any number of ranks
-        model.fit(train, epochs=5, initial_epoch=3)
-        ```
-        """
-        return checkpoint.load_checkpoint(self, path, warm_start=warm_start,
-                                          rename_tables=rename_tables,
-                                          skip_mismatch=skip_mismatch)
-
-    def resume_at(self, epoch: int, step: int = 0, *, global_batch_size: int | None = None,
-                  world_size: int | None = None) -> None:
-        """Makes the next `fit` start at step `step` of epoch `epoch`.
-
-        The seam of `rk.callbacks.BackupAndRestore`, which calls it from
-        `on_train_begin` after restoring a backup. `fit` then starts at
-        `epoch` (instead of `initial_epoch`) and leaves out the first `step`
-        batches of that epoch: they are read and dropped before any stage of
-        the pipeline, not trained on, and no callback sees them; the batches
-        after keep their indices in the batch hooks (the first is `step`).
-        The data order is the uninterrupted run's: epoch `e` is shuffled
-        with seed `seed + e` whatever epoch a fit starts at. Call it before
-        `fit` or from a callback's `on_train_begin`; only the next `fit`
-        takes it.
-
-        Args:
-            epoch: the epoch to start at (0-based).
-            step: the batches of that epoch already trained on.
-            global_batch_size: examples per step over all ranks in the run
-                that reached this position; `fit` checks that it is its own
-                (another global batch puts other examples in each step).
-            world_size: the number of ranks of that run. A mid-epoch
-                position resumes on another number of ranks only for data
-                whose global batches do not depend on it (a pyarrow Table or
-                a dict of arrays); a reckeras dataset gives each rank a
-                contiguous range of rows, so `fit` raises for it.
-
-        Raises:
-            ValueError: `epoch` or `step` is not an int >= 0, or
-                `global_batch_size` / `world_size` not a positive int.
-
-        Example:
-
-        ```python
-        model.load_checkpoint("backup/ckpt")
-        model.resume_at(2, 150)        # epoch 2, its first 150 batches trained
-        model.fit(train, epochs=4)     # epoch 2 from batch 150, then epoch 3
-        ```
-        """
-        for name, value, low in (("epoch", epoch, 0), ("step", step, 0),
-                                 ("global_batch_size", global_batch_size, 1),
-                                 ("world_size", world_size, 1)):
-            if value is None and name in ("global_batch_size", "world_size"):
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"resume_at: {name} must be an int >= {low}, got {value!r}")
-        self._resume_position = (epoch, step, global_batch_size, world_size)
-
-    def _take_resume_position(self, data, batch_size, steps):
-        """`(epoch, batches to skip)` of `resume_at`, checked against this fit."""
-        epoch, step, global_batch, recorded_world = self._resume_position
-        self._resume_position = None
-        world = distributed.world()
-        position = f"the position to resume at (epoch {epoch + 1}, after step {step})"
-        if global_batch is not None and global_batch != batch_size * world.size:
-            hint = f": pass batch_size={global_batch // world.size}" \
-                if global_batch % world.size == 0 else \
-                f", which {world.size} ranks cannot split evenly"
-            raise ValueError(f"{position} was reached with {global_batch} examples per step "
-                             f"over all ranks, this fit takes {batch_size} x {world.size} "
-                             f"rank(s) = {batch_size * world.size}: its steps hold other "
-                             f"examples{hint}")
-        if step > steps:
-            raise ValueError(f"{position} lies beyond this fit's epochs of {steps} steps: "
-                             f"the data is not the one that was trained on")
-        if step and recorded_world not in (None, world.size) and \
-                not getattr(data, "global_batches_independent_of_shards", False):
-            raise ValueError(
-                f"{position} was reached on {recorded_world} rank(s); this data gives each "
-                f"rank a contiguous range of rows, so the examples of the first {step} "
-                f"steps on {recorded_world} rank(s) are not those on {world.size}: resume "
-                f"on {recorded_world} rank(s), or back up at epoch ends "
-                f"(save_freq='epoch'), which resume on any number of ranks")
-        return epoch, step
-
-    # ---- steps ---------------------------------------------------------------------
 
     def train_step(self, data: tuple) -> dict:
         """One training step, guarded: a non-finite step changes nothing.
 
-        Keras's torch `train_step`, with three differences: backward always
-        runs (it also trains the tables); the tables' updates wait until
-        backward is done and the step is known to be finite; the dense
-        gradients are averaged over the ranks.
-
-        The check costs one scalar read per step (see `pipeline.guard`).
+        Keras's torch `train_step`, but backward always runs (it also trains
+        the tables), the tables' updates wait until the step is known to be
+        finite (one scalar read, `pipeline.guard`), and the dense gradients
+        are averaged over the ranks (`pipeline.steps`).
 
         Args:
             data: `(x, y, sample_weight)`.
@@ -563,49 +193,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The metrics' values (unchanged by a skipped step).
         """
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        engines = [layer.engine for layer in self.embedding_layers]
-        for engine in engines:
-            engine.release_pins()       # left by a step that failed mid-way
-        with contextlib.ExitStack() as stack:
-            updates = [stack.enter_context(engine.deferred_updates()) for engine in engines]
-            y_pred = self._forward(x, training=True)
-            self.zero_grad()
-            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                     training=True)
-            scaled = self.optimizer.scale_loss(loss)
-            if scaled.requires_grad:
-                scaled.backward()
-            trainable = self.trainable_weights[:]
-            gradients = [v.value.grad for v in trainable]
-            if not guard.step_is_finite(loss, gradients, updates):
-                return self._refuse_step(loss, gradients, trainable, updates)
-            for update in updates:
-                update.apply()
-            if trainable:
-                with torch.no_grad():
-                    # Each rank's loss is a mean over its own examples:
-                    # averaging the gradients gives the global mean's.
-                    distributed.all_reduce_mean_([g for g in gradients if g is not None])
-                    self.optimizer.apply(gradients, trainable)
-        _keras_compat.update_loss_tracker(self, loss, _examples(y))
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-    def _refuse_step(self, loss, gradients, trainable, updates):
-        for update in updates:
-            update.discard()
-        self.zero_grad()
-        if self.nonfinite == "skip":
-            self.pipeline_stats["nonfinite_skipped"] = \
-                self.pipeline_stats.get("nonfinite_skipped", 0) + 1
-            return self.get_metrics_result()
-        parts = guard.nonfinite_parts(
-            loss, [(v.path, g) for v, g in zip(trainable, gradients)],
-            [(layer.name, u) for layer, u in zip(self.embedding_layers, updates)])
-        raise guard.NonFiniteStepError(
-            f"{', '.join(parts) or 'another rank'} is not finite (NaN or inf); "
-            f"the step was undone: no weight, table row or optimizer state changed. "
-            f"compile(nonfinite='skip') skips such steps instead")
+        return steps.train_step(self, data)
 
     def test_step(self, data: tuple) -> dict:
         """One evaluation step: loss and metrics, no update.
@@ -616,12 +204,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The metrics' values.
         """
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self._forward(x, training=False)
-        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=False)
-        _keras_compat.update_loss_tracker(self, loss, _examples(y))
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return steps.test_step(self, data)
 
     def predict_step(self, data: Any) -> Any:
         """The model's outputs for one batch (Keras's `predict_step`).
@@ -632,8 +215,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The outputs, as `model(x)` returns them.
         """
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return self._forward(x, training=False)
+        return steps.predict_step(self, data)
 
     def compute_metrics(self, x: dict, y: Any, y_pred: Any,
                         sample_weight: Any = None) -> dict:
@@ -648,73 +230,9 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         Returns:
             The metrics' values.
         """
-        for output, metric in zip(self._group_outputs, self._group_metrics):
-            metric.update_state(y if output is None else y[output],
-                                y_pred if output is None else y_pred[output],
-                                sample_weight, groups=x[metric.group])
+        group_metrics.update_group_metrics(self._group_metrics, self._group_outputs, x, y,
+                                           y_pred, sample_weight)
         return super().compute_metrics(x, y, y_pred, sample_weight)
-
-    def _synced_metrics_result(self):
-        """Metrics over all ranks' examples (exact AUC/GAUC; summed means)."""
-        if distributed.world().size > 1:
-            leaves = []
-            for metric in self.metrics:
-                leaves.extend(getattr(metric, "metrics", None) or [metric])
-            for metric in leaves:
-                if hasattr(metric, "sync_across_ranks"):
-                    metric.sync_across_ranks()
-                elif metric.variables:
-                    # Mean-style metrics keep (total, count): sums reduce them.
-                    with distributed.collective("reducing metrics across ranks"):
-                        for variable in metric.variables:
-                            torch.distributed.all_reduce(variable.value.data)
-        return _python_logs(self.get_metrics_result())
-
-    # ---- loops -----------------------------------------------------------------------
-
-    def _stream(self, data, batch_size, steps, targets, training, shuffle=False, seed=0,
-                pipeline="auto", prefetch_depth=2, skip=0):
-        return streams.EpochStream(self.feature_columns, self._layers_fed_by_columns(),
-                                   data, batch_size, steps, targets, training,
-                                   shuffle=shuffle, seed=seed, pipeline=pipeline,
-                                   prefetch_depth=prefetch_depth, skip=skip)
-
-    def _sync_dense_weights(self):
-        """Gives every rank rank 0's dense weights (once, before training)."""
-        if distributed.world().size > 1 and not getattr(self, "_weights_synced", False):
-            with torch.no_grad(), distributed.collective("broadcasting dense weights"):
-                for variable in self.variables:
-                    torch.distributed.broadcast(variable.value.data, src=0)
-            self._weights_synced = True
-
-    def _adapt_if_needed(self, data, batch_size):
-        columns = self.feature_columns
-        if columns.needs_adapt:
-            columns.adapt(b for _, b in zip(range(64), data.batches(batch_size)))
-
-    def _prepare_to_train(self, data, batch_size):
-        """Adapts the columns on `data` if they need it, checks the engines'
-        configs across ranks, builds a subclassed model, gives every rank
-        rank 0's dense weights and tunes the allocator for training
-        (`rk.config`'s `malloc_tuning`)."""
-        _allocator.tune_malloc()
-        self._adapt_if_needed(data, batch_size)
-        for layer in self.embedding_layers:
-            layer.engine.connect()            # checks configs agree across ranks
-        if not self.built:
-            self._build_on(data, batch_size)
-        self._sync_dense_weights()
-
-    def _build_on(self, data, batch_size):
-        """Builds a subclassed model (its weights exist once it has run):
-        one forward pass, not training (no table row is created), on this
-        rank's first batch of `data`."""
-        steps = streams.agreed_steps(data, batch_size, 1)
-        with torch.no_grad(), self._stream(data, batch_size, steps, Targets(), False,
-                                           pipeline=False) as batches:
-            for batch in batches:
-                with self._running(batch) as (inputs, _, _):
-                    self._forward(inputs, training=False)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
             epochs: int = 1, verbose: int | str = "auto", callbacks: list | None = None,
@@ -784,78 +302,11 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
                   callbacks=[keras.callbacks.EarlyStopping(restore_best_weights=True)])
         ```
         """
-        if not self.compiled:
-            raise RuntimeError("compile() the model before fit()")
-        if distributed.world().size > 1 and any(
-                isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
-            raise ValueError("keras.callbacks.BackupAndRestore writes one weights file from "
-                             "every rank, each holding only its own table rows: under "
-                             "torchrun use rk.callbacks.BackupAndRestore(backup_dir), "
-                             "which writes sharded reckeras checkpoints and resumes "
-                             "mid-epoch on any number of ranks")
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose)
-        if not (isinstance(validation_freq, int) and validation_freq >= 1):
-            raise ValueError(f"validation_freq must be an int >= 1, got {validation_freq!r}")
-        class_weight = check_class_weight(class_weight)
-        if class_weight is not None and sample_weight is not None:
-            raise ValueError("You cannot use class_weight and sample_weight at the same "
-                             "time (Keras's rule): fold the class weights into "
-                             "sample_weight instead")
-        data, weight = as_data(x, y, sample_weight)
-        if validation_split:
-            if not 0 < validation_split < 1:
-                raise ValueError(f"validation_split must be in (0, 1), "
-                                 f"got {validation_split!r}")
-            if validation_data is None:
-                if not hasattr(data, "split"):
-                    raise ValueError("validation_split needs in-memory data (a dict of "
-                                     "arrays or a pyarrow Table); for a dataset, pass "
-                                     "validation_data")
-                data, validation_data = data.split(validation_split)
-                validation_data = (validation_data, None, weight)
-        targets = self._targets(data, labels, weight, class_weight, "fit")
-        self._prepare_to_train(data, batch_size)
-        verbose = verbose if distributed.world().is_main else 0
-        steps = streams.agreed_steps(data, batch_size, steps_per_epoch)
-        callback_list = self._callback_list(callbacks, verbose, epochs, steps,
-                                            add_history=True, batch_size=batch_size)
-        self.stop_training = False
-        self.make_train_function()
-        callback_list.on_train_begin()
-        initial_epoch = _keras_compat.initial_epoch(self, initial_epoch)
-        skip = 0
-        if self._resume_position is not None:
-            initial_epoch, skip = self._take_resume_position(data, batch_size, steps)
-        epoch_logs = {}
-        self.pipeline_stats = {}
-        for epoch in range(initial_epoch, epochs):
-            self.reset_metrics()
-            callback_list.on_epoch_begin(epoch)
-            self.train()
-            self._fit_epoch(epoch, epochs, data, batch_size, steps, targets, shuffle,
-                            seed, pipeline, prefetch_depth, callback_list, verbose,
-                            skip=skip if epoch == initial_epoch else 0)
-            epoch_logs = self._synced_metrics_result()
-            self.eval()
-            if validation_data is not None and (epoch + 1) % validation_freq == 0:
-                val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(
-                    validation_data)
-                val_logs = self.evaluate(
-                    val_x, val_y, batch_size=validation_batch_size or batch_size,
-                    verbose=0, sample_weight=val_weight, steps=validation_steps,
-                    callbacks=callback_list, return_dict=True,
-                    labels=labels if val_y is None else None, pipeline=pipeline,
-                    prefetch_depth=prefetch_depth)
-                epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            if verbose:
-                tqdm.write(f"Epoch {epoch + 1}/{epochs}: " + "  ".join(
-                    f"{k}={v:.4f}" for k, v in epoch_logs.items()))
-            if self.stop_training:
-                break
-        callback_list.on_train_end(epoch_logs)
-        return self.history
+        return loops.fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_split,
+                         validation_data, shuffle, class_weight, sample_weight,
+                         initial_epoch, steps_per_epoch, validation_steps,
+                         validation_batch_size, validation_freq, labels, seed, pipeline,
+                         prefetch_depth)
 
     def fit_windows(self, windows: Any, batch_size: int | None = None,
                     verbose: int | str = "auto", callbacks: list | None = None,
@@ -880,21 +331,18 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             batch_size: examples per step on each rank (default 4096).
             verbose: `"auto"` or 1: progress bars and one line per window;
                 2: one line per window; 0: silent.
-            callbacks: Keras callbacks. `on_epoch_begin(i, {"window":
-                name})` and `on_epoch_end(i, logs)` per window, the
-                progressive evaluation's test hooks, the training's batch
-                hooks. `EarlyStopping(monitor="progressive_auc",
-                mode="max")` stops after a window (Keras infers no direction
-                for these names: give `mode`); `rk.callbacks.ModelCheckpoint`
-                saves after each.
+            callbacks: Keras callbacks: epoch hooks per window (`on_epoch_begin(i,
+                {"window": name})`), the evaluation's test hooks, the
+                training's batch hooks. `EarlyStopping(monitor="progressive_auc",
+                mode="max")` (give `mode`) stops after a window;
+                `rk.callbacks.ModelCheckpoint` saves after each.
             shuffle: shuffle each window's rows for training.
             class_weight: as in `fit`, for the training.
             sample_weight: the name of a weight column, as in `fit`, for the
                 training (the progressive evaluation is unweighted).
             labels: the label column(s), as in `fit`.
             seed: window i is shuffled with seed `seed + i`.
-            evaluate_batch_size: batch size of the progressive evaluations
-                (default `batch_size`).
+            evaluate_batch_size: the progressive evaluations' (default `batch_size`).
             pipeline: as in `fit`.
             prefetch_depth: as in `fit`.
 
@@ -905,9 +353,9 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             `progressive_<metric>`).
 
         Raises:
-            ValueError: no windows, or a `BackupAndRestore` callback
-                (resume by passing the windows not yet trained on).
-            RuntimeError: the ranks do not see the same windows.
+            ValueError: no windows, or a `BackupAndRestore` callback (resume
+                by passing the windows not yet trained on).
+            RuntimeError: not compiled, or the ranks see other windows.
 
         Example:
 
@@ -918,76 +366,11 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         history.history["progressive_auc"]   # each day, before training on it
         ```
         """
-        if not self.compiled:
-            raise RuntimeError("compile() the model before fit_windows()")
-        windows = list(windows)
-        if not windows:
-            raise ValueError("fit_windows() needs at least one window")
-        if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
-            raise ValueError("fit_windows() does not resume with BackupAndRestore: save "
-                             "with rk.callbacks.ModelCheckpoint, load_checkpoint, and "
-                             "pass the windows not yet trained on")
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose) if distributed.world().is_main else 0
-        # The first window is evaluated before any fit: adapt and sync first.
-        self._prepare_to_train(as_data(windows[0])[0], batch_size)
         return windowed.fit_windows(
             self, windows, batch_size=batch_size, verbose=verbose, callbacks=callbacks,
             shuffle=shuffle, class_weight=class_weight, sample_weight=sample_weight,
             labels=labels, seed=seed, evaluate_batch_size=evaluate_batch_size,
             pipeline=pipeline, prefetch_depth=prefetch_depth)
-
-    def _targets(self, data, labels, weight, class_weight, loop):
-        """The `Targets` a loop reads (`targets.targets_for`)."""
-        return targets_for(data, labels, weight, class_weight, loop,
-                           self._declared_outputs(), self.loss)
-
-    def _callback_list(self, callbacks, verbose, epochs, steps, add_history=False,
-                       **params):
-        """The loop's `CallbackList` (fit hands its own to its validation);
-        `params` join Keras's `verbose`, `epochs` and `steps`."""
-        if isinstance(callbacks, keras.callbacks.CallbackList):
-            return callbacks
-        return keras.callbacks.CallbackList(callbacks, add_history=add_history,
-                                            add_progbar=False, model=self, verbose=verbose,
-                                            epochs=epochs, steps=steps, **params)
-
-    def _fit_epoch(self, epoch, epochs, data, batch_size, steps, targets, shuffle, seed,
-                   pipeline, prefetch_depth, callback_list, verbose, skip=0):
-        """One epoch of `fit`; its first `skip` batches are left out (`resume_at`)."""
-        bar = tqdm(total=steps, initial=skip, desc=f"Epoch {epoch + 1}/{epochs}",
-                   unit="step", disable=verbose != 1, leave=True)
-        examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
-        stream = self._stream(data, batch_size, steps, targets, True, shuffle,
-                              seed + epoch, pipeline, prefetch_depth, skip=skip)
-        with stream as batches:
-            for step, batch in enumerate(batches, start=skip):
-                callback_list.on_train_batch_begin(step)
-                step_started = time.perf_counter()
-                try:
-                    with self._running(batch) as step_data:
-                        logs = self.train_step(step_data)
-                except guard.NonFiniteStepError as error:
-                    raise guard.NonFiniteStepError(
-                        f"training step {step + 1} of epoch {epoch + 1}: {error}") from None
-                step_s += time.perf_counter() - step_started
-                callback_list.on_train_batch_end(step, logs)
-                examples += batch.rows
-                taken += 1
-                bar.update(1)
-                if step % 10 == 0 or step == steps - 1:
-                    rate = examples / (time.perf_counter() - started)
-                    bar.set_postfix(loss=f"{float(logs['loss']):.4f}", ex_s=f"{rate:,.0f}")
-                if self.stop_training:
-                    break
-        bar.close()
-        streams.add_epoch_stats(self.pipeline_stats, stream, taken, step_s, examples,
-                                time.perf_counter() - started)
-        caches = {layer.name: [t["cache"] for t in layer.engine.stats()["tables"]
-                               if "cache" in t] for layer in self.embedding_layers}
-        caches = {name: tables for name, tables in caches.items() if tables}
-        if caches:                  # cumulative since the caches were configured
-            self.pipeline_stats["embedding_cache"] = caches
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None,
                  verbose: int | str = "auto", sample_weight: Any = None,
@@ -1003,8 +386,7 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
             verbose: `"auto"` or 1: a progress bar; 0 or 2: none.
             sample_weight: per-example loss weights (array or column name).
             steps: stop after this many steps.
-            callbacks: Keras callbacks, or a `CallbackList` (test hooks are
-                called).
+            callbacks: Keras callbacks, or a `CallbackList` (its test hooks run).
             return_dict: return `{name: value}` instead of a list.
             labels: as in `fit`.
             pipeline: as in `fit`.
@@ -1019,31 +401,8 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         logs = model.evaluate(test, batch_size=8192, return_dict=True)
         ```
         """
-        if isinstance(x, tuple) and y is None and sample_weight is None:
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(x)
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose) if distributed.world().is_main else 0
-        data, weight = as_data(x, y, sample_weight)
-        targets = self._targets(data, labels, weight, None, "evaluate")
-        total = streams.agreed_steps(data, batch_size, steps)
-        callback_list = self._callback_list(callbacks, verbose, 1, total)
-        self.reset_metrics()
-        callback_list.on_test_begin()
-        stream = self._stream(data, batch_size, total, targets, False,
-                              pipeline=pipeline, prefetch_depth=prefetch_depth)
-        with torch.no_grad(), stream as batches:
-            for step, batch in enumerate(tqdm(batches, total=total, desc="Evaluate",
-                                              unit="step", disable=verbose != 1)):
-                callback_list.on_test_batch_begin(step)
-                with self._running(batch) as step_data:
-                    logs = self.test_step(step_data)
-                callback_list.on_test_batch_end(step, logs)
-        logs = self._synced_metrics_result()
-        callback_list.on_test_end(logs)
-        if return_dict:
-            return logs
-        values = list(logs.values())
-        return values[0] if len(values) == 1 else values
+        return loops.evaluate(self, x, y, batch_size, verbose, sample_weight, steps, callbacks,
+                              return_dict, labels, pipeline, prefetch_depth)
 
     def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = "auto",
                 steps: int | None = None, callbacks: Any = None,
@@ -1070,54 +429,8 @@ class Model(OnBatchMethods, RefusedKerasMethods, keras.Model):
         scores = model.predict(test, batch_size=8192)[:, 0]
         ```
         """
-        batch_size = _batch_size(batch_size)
-        verbose = _verbose(verbose) if distributed.world().is_main else 0
-        data, _ = as_data(x)
-        total = streams.agreed_steps(data, batch_size, steps)
-        callback_list = self._callback_list(callbacks, verbose, 1, total)
-        callback_list.on_predict_begin()
-        outputs = []
-        stream = self._stream(data, batch_size, total, Targets(), False,
-                              pipeline=pipeline, prefetch_depth=prefetch_depth)
-        with torch.no_grad(), stream as batches:
-            for step, batch in enumerate(tqdm(batches, total=total, desc="Predict",
-                                              unit="step", disable=verbose != 1)):
-                callback_list.on_predict_batch_begin(step)
-                with self._running(batch) as step_data:
-                    batch_outputs = keras.tree.map_structure(
-                        keras.ops.convert_to_numpy, self.predict_step(step_data))
-                outputs.append(batch_outputs)
-                callback_list.on_predict_batch_end(step, {"outputs": batch_outputs})
-        callback_list.on_predict_end()
-        if not outputs:
-            raise ValueError("predict() received no data")
-        return keras.tree.map_structure_up_to(
-            outputs[0], lambda *parts: np.concatenate(parts), *outputs)
-
-
-def _examples(y):
-    """The batch size of labels (a tensor, or a dict of them)."""
-    return keras.tree.flatten(y)[0].shape[0]
-
-
-def _batch_size(batch_size):
-    if batch_size is None:
-        return 4096
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return batch_size
-
-
-def _verbose(verbose):
-    if verbose == "auto":
-        return 1
-    if verbose not in (0, 1, 2):
-        raise ValueError(f"verbose must be 'auto', 0, 1 or 2, got {verbose!r}")
-    return verbose
-
-
-def _python_logs(logs):
-    return {name: float(keras.ops.convert_to_numpy(value)) for name, value in logs.items()}
+        return loops.predict(self, x, batch_size, verbose, steps, callbacks, pipeline,
+                             prefetch_depth)
 
 
 @keras.saving.register_keras_serializable(package="reckeras", name="Model")
@@ -1131,13 +444,3 @@ class FunctionalModel(FunctionalGraph, Model, _keras_compat.Functional):
         **kwargs: the same, by keyword.
     """
 
-
-def _rebase_on_functional(cls):
-    """Puts FunctionalModel in place of Model in `cls`'s bases (and in those
-    of its bases between it and Model)."""
-    cls.__bases__ = tuple(
-        FunctionalModel if base is Model else
-        _rebase_on_functional(base) if issubclass(base, Model)
-        and not issubclass(base, FunctionalModel) else base
-        for base in cls.__bases__)
-    return cls

@@ -16,7 +16,9 @@ from typing import Any, Iterator
 import keras
 import torch
 
+from reckeras.pipeline import loops
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
+from reckeras.pipeline.targets import model_targets
 
 
 class OneBatch:
@@ -89,17 +91,10 @@ class OnBatchMethods:
         data, weight = as_data(x, y, sample_weight)
         batch = OneBatch(data)
         targets = Targets() if method == "predict_on_batch" else \
-            self._targets(data, None, weight, class_weight, method)
+            model_targets(self, data, None, weight, class_weight, method)
         if training:
-            self._prepare_to_train(batch, batch.rows)
-        return self._stream(batch, batch.rows, 1, targets, training, pipeline=False)
-
-    def _logs_of_batch(self, return_dict):
-        logs = self._synced_metrics_result()
-        if return_dict:
-            return logs
-        values = list(logs.values())
-        return values[0] if len(values) == 1 else values
+            loops.prepare_to_train(self, batch, batch.rows)
+        return loops.epoch_stream(self, batch, batch.rows, 1, targets, training, pipeline=False)
 
     def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
                        class_weight: dict | None = None,
@@ -146,11 +141,10 @@ class OnBatchMethods:
         try:
             with stream as batches:
                 for batch in batches:
-                    with self._running(batch) as step_data:
-                        self.train_step(step_data)
+                    self.train_step(batch.data)
         finally:
             self.eval()
-        return self._logs_of_batch(return_dict)
+        return loops.returned_logs(loops.synced_metrics_result(self), return_dict)
 
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
                       return_dict: bool = False) -> Any:
@@ -181,9 +175,8 @@ class OnBatchMethods:
         self.reset_metrics()
         with torch.no_grad(), stream as batches:
             for batch in batches:
-                with self._running(batch) as step_data:
-                    self.test_step(step_data)
-        return self._logs_of_batch(return_dict)
+                self.test_step(batch.data)
+        return loops.returned_logs(loops.synced_metrics_result(self), return_dict)
 
     def predict_on_batch(self, x: Any) -> Any:
         """The model's outputs for one batch, as numpy, like
@@ -205,8 +198,7 @@ class OnBatchMethods:
         self.make_predict_function()
         with torch.no_grad(), stream as batches:
             for batch in batches:
-                with self._running(batch) as step_data:
-                    outputs = self.predict_step(step_data)
+                outputs = self.predict_step(batch.data)
         return keras.tree.map_structure(keras.ops.convert_to_numpy, outputs)
 
     def _must_be_compiled(self, method):

@@ -16,8 +16,9 @@ Per batch, in order (see `prefetch.Pipeline` for how stages overlap):
    runs.
 
 Every stage works on the one packed batch, and what a stage plans for a layer
-(its routes) travels with the batch (`PreparedBatch.routes`), so the step
-finds it there. The stream is capped at the steps every rank takes: the
+(its routes) travels with the batch (`PreparedBatch.routes`); the loops hand
+the step `PreparedBatch.data`, a `StepData` that carries the batch, so the
+step finds it there (`steps.forward`), with nothing stashed on the model. The stream is capped at the steps every rank takes: the
 sparse-dist stage's exchanges are collectives, so every rank must submit
 exactly the same batches.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Self
 
 import torch
 
@@ -61,9 +62,10 @@ class PreparedBatch:
     routes: dict = dataclasses.field(default_factory=dict)
 
     @property
-    def data(self) -> tuple:
-        """`(inputs, labels, weights)`, what Keras's steps take."""
-        return self.inputs, self.labels, self.weights
+    def data(self) -> StepData:
+        """`(inputs, labels, weights)`, what Keras's steps take, carrying
+        this batch (`StepData`)."""
+        return StepData(self)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor the batch holds (inputs, labels, weights, packed)."""
@@ -76,6 +78,35 @@ class PreparedBatch:
             yield dense
             if sparse is not None:
                 yield from sparse.values()
+
+
+class StepData(tuple):
+    """`(inputs, labels, weights)`, what Keras's `train_step(data)` takes,
+    carrying the `PreparedBatch` they come from in `prepared`.
+
+    It is a plain tuple to Keras (`keras.utils.unpack_x_y_sample_weight`
+    unpacks it), so a step a user overrides works unchanged; `rk.Model`'s
+    own steps find the batch's packed FeatureColumns output and planned
+    routes in `prepared` (`steps.forward`).
+
+    Args:
+        batch: the `PreparedBatch`.
+
+    Example:
+
+    ```python
+    data = StepData(batch)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    data.prepared is batch                 # True
+    ```
+    """
+
+    prepared: PreparedBatch
+
+    def __new__(cls, batch: PreparedBatch) -> Self:
+        data = super().__new__(cls, (batch.inputs, batch.labels, batch.weights))
+        data.prepared = batch
+        return data
 
 
 class EpochStream:
@@ -105,7 +136,7 @@ class EpochStream:
     stream = EpochStream(columns, layers, data, 4096, steps, Targets("label"), True)
     with stream as batches:
         for batch in batches:
-            model.train_step(batch.data)
+            model.train_step(batch.data)        # a StepData
     print(stream.stats())
     ```
     """

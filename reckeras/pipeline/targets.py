@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
+
 from reckeras.pipeline.batches import Targets
+from reckeras.pipeline.functional import declared_outputs
 
 
 def targets_for(data: Any, labels: str | dict | None, weight: str | None,
@@ -52,6 +55,26 @@ def targets_for(data: Any, labels: str | dict | None, weight: str | None,
                          "output (Keras's rule); weigh the examples with "
                          "sample_weight instead")
     return Targets(label, weight, class_weight, _binary_label_columns(label, loss))
+
+
+def model_targets(model: keras.Model, data: Any, labels: str | dict | None,
+                  weight: str | None, class_weight: dict | None, loop: str) -> Targets:
+    """`targets_for` a compiled `rk.Model`: checked against its outputs'
+    structure (`functional.declared_outputs`) and its loss.
+
+    Args:
+        model: the `rk.Model`.
+        data: the loop's data (`batches.as_data`).
+        labels: the label column(s) the user named, or None.
+        weight: the loss weight column, or None.
+        class_weight: `{class index: weight}`, or None.
+        loop: the loop's name, for the messages.
+
+    Returns:
+        The `batches.Targets`.
+    """
+    return targets_for(data, labels, weight, class_weight, loop,
+                       declared_outputs(model), model.loss)
 
 
 def _check_against_outputs(label, outputs):

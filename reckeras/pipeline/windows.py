@@ -32,6 +32,8 @@ import torch
 from tqdm.auto import tqdm
 
 from reckeras import distributed
+from reckeras.pipeline.batches import as_data
+from reckeras.pipeline.loops import check_batch_size, check_verbose, prepare_to_train
 
 PROGRESSIVE_PREFIX = "progressive_"
 ROW_COUNTS = ("rows_added", "rows_evicted", "rows_kept")
@@ -95,19 +97,19 @@ def _end_window(layers: list) -> dict[str, int]:
     return dict(zip(ROW_COUNTS, counts.tolist()))
 
 
-def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
-                verbose: int, callbacks: list | None, shuffle: bool,
+def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int | None,
+                verbose: int | str, callbacks: list | None, shuffle: bool,
                 class_weight: dict | None, sample_weight: str | None,
                 labels: str | dict | None, seed: int, evaluate_batch_size: int | None,
                 pipeline: bool | str, prefetch_depth: int) -> keras.callbacks.History:
     """The loop of `rk.Model.fit_windows` (see its arguments there).
 
     Args:
-        model: a compiled `rk.Model`, prepared on the first window.
+        model: a compiled `rk.Model`.
         windows: the windows, in order, at least one.
-        batch_size: examples per step on each rank.
-        verbose: 0, 1 (progress bars and a line per window) or 2 (a line
-            per window).
+        batch_size: examples per step on each rank (None: 4096).
+        verbose: `"auto"` or 1 (progress bars and a line per window), 2 (a
+            line per window) or 0.
         callbacks: Keras callbacks.
         shuffle: shuffle every window's batches.
         class_weight: as in `fit`, for the training.
@@ -123,7 +125,9 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
         `rows_evicted` and `rows_kept` when a table ages out by windows).
 
     Raises:
-        RuntimeError: when the ranks do not see the same windows.
+        RuntimeError: the model is not compiled, or the ranks do not see the
+            same windows.
+        ValueError: no windows, or a `BackupAndRestore` callback.
 
     Example:
 
@@ -136,6 +140,19 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int,
                           pipeline="auto", prefetch_depth=2)
     ```
     """
+    if not model.compiled:
+        raise RuntimeError("compile() the model before fit_windows()")
+    windows = list(windows)
+    if not windows:
+        raise ValueError("fit_windows() needs at least one window")
+    if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks or []):
+        raise ValueError("fit_windows() does not resume with BackupAndRestore: save "
+                         "with rk.callbacks.ModelCheckpoint, load_checkpoint, and "
+                         "pass the windows not yet trained on")
+    batch_size = check_batch_size(batch_size)
+    verbose = check_verbose(verbose) if distributed.world().is_main else 0
+    # The first window is evaluated before any fit: adapt and sync first.
+    prepare_to_train(model, as_data(windows[0])[0], batch_size)
     names = [window_name(window, index) for index, window in enumerate(windows)]
     distributed.check_same_on_all_ranks("the windows of fit_windows", repr(names))
     history = keras.callbacks.History()

@@ -39,8 +39,10 @@ def test_survivor_fails_naming_the_sparse_dist_exchange(tmp_path, mode, within_s
     assert "rank 0 of 2: the sparse-dist stage's exchange of embedding ids did not " \
            "complete" in survivor["message"]
     # It reached the training loop's caller through the step waiting for
-    # the batch's routes.
-    assert "sparse_dist.py" in survivor["traceback"] and "_forward" in survivor["traceback"]
+    # the batch's routes (`steps.forward` -> `functional.forward`).
+    traceback = survivor["traceback"]
+    assert "sparse_dist.py" in traceback and "steps.py" in traceback
+    assert "functional.py" in traceback and ", in forward\n" in traceback
     assert detected_s < within_s
     if mode == "hang":
         # Rank 0 entered the exchange a second before rank 1 stopped in it.

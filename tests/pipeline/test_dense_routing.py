@@ -10,7 +10,7 @@ import torch
 
 import reckeras as rk
 from reckeras.backend_kernels import dense_matmul
-from reckeras.pipeline import dense_routing
+from reckeras.pipeline import dense_routing, steps
 from reckeras.pipeline.batches import Targets, to_tensors
 
 pytestmark = pytest.mark.skipif(not dense_matmul.available(), reason="torch without oneDNN")
@@ -90,12 +90,12 @@ def test_an_mlp_runs_its_dense_stack_in_onednn_with_the_training_flag(monkeypatc
     tensors, _, _ = to_tensors(model.feature_columns, pa.table(data(32)[0]), Targets())
     keras_path = model(tensors, training=False)            # Keras's call: plain torch
     calls = counting_onednn(monkeypatch)
-    loop_path = model._forward(tensors, training=False)
+    loop_path = steps.forward(model, tensors, training=False)
     # MLP's 2 Dense layers and the model's 2, forward only.
     assert len(calls) == 4
     np.testing.assert_allclose(loop_path.detach().numpy(), keras_path.detach().numpy(),
                                rtol=1e-5, atol=1e-6)
-    dropped = model._forward(tensors, training=True)        # the MLP's dropout acts
+    dropped = steps.forward(model, tensors, training=True)        # the MLP's dropout acts
     assert not np.allclose(dropped.detach().numpy(), keras_path.detach().numpy())
 
 

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 import reckeras as rk
+from reckeras.pipeline import steps
 from reckeras.pipeline.batches import Targets, to_tensors
 
 
@@ -215,7 +216,7 @@ def test_tensor_inputs_fast_path_matches_keras_path():
     np.testing.assert_array_equal(model(tensors).detach().numpy(), expected)
     # The loops' forward (no Keras __call__ for the model and its columns).
     np.testing.assert_array_equal(
-        model._forward(tensors, training=False).detach().numpy(), expected)
+        steps.forward(model, tensors, training=False).detach().numpy(), expected)
     # Swapping two inputs changes the output: each one reaches its own feature.
     swapped = {**tensors, "z_num": tensors["a_num"], "a_num": tensors["z_num"]}
     assert not np.allclose(model(swapped).detach().numpy(), expected)
@@ -270,10 +271,10 @@ def test_loop_forward_keeps_layer_losses_and_training_flag():
     keras_path = model(tensors, training=False)
     keras_losses = [float(loss) for loss in model.losses]
     for _ in range(3):
-        loop_path = model._forward(tensors, training=False)
+        loop_path = steps.forward(model, tensors, training=False)
         assert [float(loss) for loss in model.losses] == keras_losses
     np.testing.assert_array_equal(loop_path.detach().numpy(),
                                   keras_path.detach().numpy())
-    dropped = model._forward(tensors, training=True)      # dropout active
+    dropped = steps.forward(model, tensors, training=True)      # dropout active
     assert not np.array_equal(dropped.detach().numpy(), keras_path.detach().numpy())
     assert len(model.losses) == 1
