@@ -12,7 +12,7 @@ import reckeras as rk
 from reckeras.backend_kernels.hashing import initial_rows
 from reckeras.embedding.cache import CacheBudgetError, HostCachedTable
 from reckeras.embedding.lifecycle import RowLifecycle
-from reckeras.embedding.table import PhysicalTable, RowStore
+from reckeras.embedding.physical_table import PhysicalTable, RowStore
 
 DIM, WIDTH, SCALE, SEED = 3, 2, 0.1, 5
 CACHE_ROWS = 4
