@@ -18,8 +18,8 @@ tables set lifecycle fields in their `TableOptions` (see `options`):
   on the last `k` time windows are freed when a window ends (`end_window`,
   which `rk.Model.fit_windows` calls after training on each window), the
   same way: compaction, and tombstones for delta checkpoints. Each row's
-  last window (`last_windows`) and the window count are saved in
-  checkpoints and restored by `load`, so a job that restarts from a
+  last window and the window count are exported with the rows (`export`:
+  checkpoints save them) and restored by `load`, so a job that restarts from a
   checkpoint ages rows out as one that never stopped.
 
 Eviction runs at the start of a training step (`begin_step`), before the
@@ -175,8 +175,9 @@ class RowLifecycle(DelegatingStore):
         store = RowLifecycle(PhysicalTable(8),
                              [rk.embedding.TableOptions(evict_idle_windows=2)])
         ...                          # train on window 0, touching some keys
-        store.end_window()           # 0: nothing is 2 windows old yet
-        store.end_window()           # window 1 touched nothing: window 0's rows go
+        store.end_window()           # 0: window 0 trained them
+        store.end_window()           # 0: window 0 is one of the last 2
+        store.end_window()           # windows 1 and 2 touched nothing: those rows go
         ```
         """
         freed = 0
