@@ -133,7 +133,7 @@ def larger_than_device(args):
     keys = table_keys(torch.arange(rows), engine.packing.slot_salt, torch.tensor([rows]))
     table.load({"keys": keys.numpy(), "weights": torch.zeros(rows, DIM).numpy(),
                 "state": torch.zeros(rows, table.state.shape[1]).numpy()})
-    host_gib = table.memory_bytes() / 2**30
+    host_gib = table.index.memory_bytes() / 2**30
     batches = zipf_batches(args.steps, args.batch * args.fields, 1, rows, 1.2)
     seconds = train(plan, engine, batches, device="cuda")
     stats = engine.caches[0].stats()

@@ -1,7 +1,7 @@
 """Tiered storage: every row in host memory, a bounded cache of hot rows on the device.
 
 A table with `storage="host_cached"` is a `HostCachedTable` row store (see
-`table.RowStore`) made of two tiers. Its host `PhysicalTable` holds every
+`row_store.RowStore`) made of two tiers. Its host `PhysicalTable` holds every
 row and its optimizer state in host memory (pinned when a GPU is present):
 the *host tier*, the store's `index`. A `RowCache` is the *device tier*:
 fixed `[capacity, dim]` weights (in the table's row dtype, as the host
@@ -46,7 +46,8 @@ import torch
 
 from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.embedding.options import TableOptions
-from reckeras.embedding.table import PhysicalTable, RowStore
+from reckeras.embedding.physical_table import PhysicalTable
+from reckeras.embedding.row_store import DelegatingStore
 
 AGE_EVERY = 256          # steps between halvings of the LFU counts
 FRESH_STEPS = 4          # steps a prefetched row is kept for the batch it came for
@@ -429,12 +430,14 @@ class RowCache:
             "stall_s": round(self.stall_s, 4), **c}
 
 
-class HostCachedTable(RowStore):
+class HostCachedTable(DelegatingStore):
     """The `"host_cached"` row store: host rows behind a device cache.
 
-    Every row lives in `host` (the store's `index`); lookups and the
-    optimizer run on the cache's `weights`/`state`, whose rows are cache
-    slots. See the module docstring.
+    Every row lives in the host `PhysicalTable` it wraps (`inner`, the
+    store's `index`); lookups and the optimizer run on the cache's
+    `weights`/`state`, whose rows are cache slots. See the module docstring.
+    What the cache does not change (`dim`, `name`, `needs_tags`, `index`,
+    `num_rows`, ...) is the host table's.
 
     Args:
         host: the `PhysicalTable` that holds every row (in host memory).
@@ -452,32 +455,10 @@ class HostCachedTable(RowStore):
     ```
     """
 
-    storage = "host_cached"
-
     def __init__(self, host: PhysicalTable, names: list[str],
                  options: list[TableOptions], device: str | torch.device):
-        self.host = host
+        super().__init__(host)
         self.cache = RowCache(host, names, options, device)
-
-    @property
-    def needs_tags(self) -> bool:
-        """Whether the host tier keeps each row's logical table."""
-        return self.host.needs_tags
-
-    @property
-    def dim(self) -> int:
-        """The row width."""
-        return self.host.dim
-
-    @property
-    def name(self) -> str:
-        """How errors name the table."""
-        return self.host.name
-
-    @property
-    def index(self) -> PhysicalTable:
-        """The host tier: every row, found by key."""
-        return self.host
 
     @property
     def weights(self) -> torch.Tensor:
@@ -493,11 +474,6 @@ class HostCachedTable(RowStore):
     def row_bound(self) -> int:
         """The cache's slots: every resolved row is a slot below it."""
         return self.cache.capacity
-
-    @property
-    def num_rows(self) -> int:
-        """Rows in the host tier (all of them)."""
-        return self.host.num_rows
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -525,9 +501,9 @@ class HostCachedTable(RowStore):
         Returns:
             `(slots, pin)`.
         """
+        host = self.inner
         with self.locked():
-            rows = self.host.rows_of(keys.to(self.host.device), insert=training,
-                                     tags=tags)
+            rows = host.rows_of(keys.to(host.device), insert=training, tags=tags)
             return self.place(rows, training)
 
     def place(self, index_rows: torch.Tensor, training: bool) -> tuple[torch.Tensor, Pin]:
@@ -551,7 +527,7 @@ class HostCachedTable(RowStore):
                 allowed: no row).
         """
         host_rows = torch.where(rows >= 0, self.cache.slot_row[rows.clamp(min=0)], -1)
-        self.host.mark_written(host_rows.to(self.host.device))
+        self.inner.mark_written(host_rows.to(self.inner.device))
 
     def check_fits(self, keys: torch.Tensor, training: bool) -> None:
         """Raises `CacheBudgetError` if one lookup of `keys` cannot fit in the cache.
@@ -574,10 +550,6 @@ class HostCachedTable(RowStore):
         """Unpins every cached row."""
         self.cache.release_all()
 
-    def sync(self) -> None:
-        """Writes the cache's dirty rows back to the host tier."""
-        self.cache.write_back()
-
     def configure_state(self, width: int, initial_value: float) -> None:
         """Sets the state layout of both tiers; the cache restarts empty.
 
@@ -587,18 +559,18 @@ class HostCachedTable(RowStore):
         """
         with self.cache.lock:
             self.cache.write_back()     # the cache's rows reach the host before it resets
-            self.host.configure_state(width, initial_value)
+            self.inner.configure_state(width, initial_value)
             self.cache.configure(width)
 
     def export(self) -> dict[str, np.ndarray]:
         """Every row with its newest value (the cache writes back first).
 
         Returns:
-            `{"keys", "weights", "state"}` numpy arrays.
+            The host tier's `export()`.
         """
         with self.cache.lock:
             self.cache.write_back()
-            return self.host.export()
+            return self.inner.export()
 
     def export_changes(self, since: int) -> dict[str, np.ndarray]:
         """The rows changed after generation `since`, with their newest
@@ -608,11 +580,11 @@ class HostCachedTable(RowStore):
             since: the generation of the checkpoint the changes are relative to.
 
         Returns:
-            `PhysicalTable.export_changes` of the host tier.
+            The host tier's `export_changes(since)`.
         """
         with self.cache.lock:
             self.cache.write_back()
-            return self.host.export_changes(since)
+            return self.inner.export_changes(since)
 
     def load(self, arrays: dict) -> None:
         """Replaces every row; the cache empties (its copies are void).
@@ -621,7 +593,7 @@ class HostCachedTable(RowStore):
             arrays: `{"keys", "weights", "state"}` numpy arrays or tensors.
         """
         with self.cache.lock:
-            self.host.load(arrays)
+            self.inner.load(arrays)
             self.cache.clear()
 
     def compact(self, keep: torch.Tensor) -> torch.Tensor:
@@ -635,7 +607,7 @@ class HostCachedTable(RowStore):
         """
         with self.cache.lock:
             self.cache.write_back()
-            rows = self.host.compact(keep)
+            rows = self.inner.compact(keep)
             self.cache.clear()
         return rows
 
@@ -643,14 +615,6 @@ class HostCachedTable(RowStore):
         """Rows and bytes of the host tier, and the cache's figures.
 
         Returns:
-            `{"dim", "rows", "bytes", "cache"}`.
+            `{"dim", "rows", "bytes", "bytes_by_part", "cache"}`.
         """
-        return {**self.host.stats(), "cache": self.cache.stats()}
-
-    def memory_bytes(self) -> int:
-        """Bytes of the host tier (the cache's are in `stats()["cache"]`).
-
-        Returns:
-            The host table's bytes.
-        """
-        return self.host.memory_bytes()
+        return {**self.inner.stats(), "cache": self.cache.stats()}

@@ -21,7 +21,8 @@ sparse-dist stage plans batch i+1's route on its own thread while step i
 runs. Its keys then travel in process groups of their own, because the
 collectives of one group must come in the same order on every rank and step
 i's row and gradient exchanges run meanwhile; rows and gradients always
-travel in the step's groups.
+travel in the step's groups. `EmbeddingEngine.route_ahead` returns a
+batch's routes as a `RoutedBatch`, which travels with the batch to its step.
 
 Each `Exchange` knows who runs its collectives (the training step or the
 sparse-dist stage), so a peer that dies or hangs during one gives a
@@ -30,14 +31,19 @@ sparse-dist stage), so a peer that dies or hangs during one gives a
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from reckeras.distributed import collective
 from reckeras.embedding.sharding import owner_of
+
+if TYPE_CHECKING:
+    from reckeras.embedding.engine import EmbeddingEngine
 
 # Who runs an exchange's collectives, as PeerFailureError messages name it.
 STEP = "the training step"
@@ -439,3 +445,25 @@ class HierarchicalRouter:
         """Bytes this rank sent to other nodes so far."""
         return sum(e.internode_bytes for e in (self.intra, self.inter, self.intra_ahead,
                                                self.inter_ahead))
+
+
+@dataclasses.dataclass
+class RoutedBatch:
+    """The routes `EmbeddingEngine.route_ahead` planned for one batch.
+
+    Args:
+        engine: the engine that planned them (and must look the batch up).
+        ids: the batch's ids tensor (the very object `lookup` receives).
+        offsets: its offsets tensor (likewise).
+        training: whether the lookup trains.
+        keys: int64 table keys of the ids.
+        routes: per physical table, `(unique_index, route)`: each key's
+            position among the batch's unique keys, and their route.
+    """
+
+    engine: EmbeddingEngine
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    training: bool
+    keys: torch.Tensor
+    routes: list

@@ -14,66 +14,66 @@ and send back the rows, and in backward the gradients travel the same route
 to the owners, which sum them over all ranks, divide by the world size (each
 rank's loss is a mean over its own examples) and run the optimizer.
 
-Every physical table's rows live in one row store (`table.RowStore`): a
-`PhysicalTable` on the device, or a `cache.HostCachedTable` whose rows live
-in host memory and whose lookups and optimizer run on a device cache of the
-hot ones (on the owner side in distributed mode: each rank caches the rows it
-owns); a `lifecycle.RowLifecycle` wraps either to admit and evict rows. The
-engine only resolves keys to rows of the store and runs the lookup and the
-optimizer on the store's `weights`/`state`. `prefetch` loads a later
-batch's rows into the caches ahead of its step.
+Every physical table's rows live in one row store, used only through the
+`row_store.RowStore` protocol: a `PhysicalTable` on the device, or a
+`cache.HostCachedTable` whose rows live in host memory and whose lookups and
+optimizer run on a device cache of the hot ones (on the owner side in
+distributed mode: each rank caches the rows it owns); a
+`lifecycle.RowLifecycle` wraps either to admit and evict rows. The engine
+builds them (`_store`) and otherwise only resolves keys to rows of a store
+and runs the lookup and the optimizer on its `weights`/`state`. `prefetch`
+loads a later batch's rows into the caches ahead of its step. Where each id
+goes (its table, output row and pooling weight) is `id_layout.IdLayout`'s.
 
 With several ranks, `route_ahead` plans a coming batch's routes (its keys'
 dedup and their exchange to the owners) beside the running step (the
 pipeline's sparse-dist stage) and returns them as a `RoutedBatch`, which
-travels with its batch: the step passes it to `lookup(..., routed=...)`.
+travels with its batch (`comm.RoutedBatch`): the step passes it to
+`lookup(..., routed=...)`.
 The keys' owners resolve them to rows only in the step, so training is the
 same either way.
 
 Inside `deferred_updates`, backward applies nothing: each lookup's update
-(and, with several ranks, its gradient exchange to the owners) waits in a
-`DeferredUpdates` until the caller has checked that the step is finite, and
-then runs, or is dropped. No backward reads a table row (the forward copied
-what it pooled), so updates applied after backward give the same rows, bit
-for bit, as updates applied during it.
+waits in an `updates.DeferredUpdates` until the caller has checked that the
+step is finite, and then runs, or is dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
 
-from reckeras import distributed, ragged
+from reckeras import distributed
 from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.backend_kernels.hashing import table_keys
 from reckeras.backend_kernels.pooling import PooledLookup
 from reckeras.backend_kernels.sparse_optimizers import rounding_seed
-from reckeras.embedding.cache import HostCachedTable
-from reckeras.embedding.comm import FlatRouter, HierarchicalRouter
+from reckeras.embedding.cache import HostCachedTable, RowCache
+from reckeras.embedding.comm import FlatRouter, HierarchicalRouter, RoutedBatch
+from reckeras.embedding.id_layout import IdLayout
 from reckeras.embedding.lifecycle import RowLifecycle
 from reckeras.embedding.packing import PackingPlan
+from reckeras.embedding.physical_table import PhysicalTable
 from reckeras.embedding.row_dtypes import row_dtype
+from reckeras.embedding.row_store import RowStore
 from reckeras.embedding.sharding import owner_of
-from reckeras.embedding.table import PhysicalTable
-from reckeras.embedding.table_state import (TableLayout, TableState, layout_of,
-                                            load_arrays, state_of)
+from reckeras.embedding.table_state import TableLayout, TableState, layout_of, load_arrays
+from reckeras.embedding.updates import DeferredUpdates, all_finite
 
 if TYPE_CHECKING:
     from reckeras.optimizers import SparseOptimizer
-
-MEAN, SQRTN = 1, 2
 
 
 class EmbeddingEngine:
     """Tables and the per-batch lookup of one embedding layer (this rank's share).
 
-    `tables` holds one `table.RowStore` per physical table (distinct dim,
-    in `packing.dims` order); `step` counts training lookups.
+    `tables` holds one `row_store.RowStore` per physical table (distinct
+    dim, in `packing.dims` order); `step` counts training lookups;
+    `lookup_device` is the device of the latest lookup's ids.
 
     Args:
         packing: the `PackingPlan` of the layer's features.
@@ -109,8 +109,9 @@ class EmbeddingEngine:
         self.seed = seed
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # One row store per physical table (distinct dim), in packing order.
-        self.tables = [self._store(group, init_scale, seed, device)
-                       for group in range(len(packing.dims))]
+        self.tables: list[RowStore] = [self._store(group, init_scale, seed, device)
+                                       for group in range(len(packing.dims))]
+        self.id_layout = IdLayout(packing, any(store.needs_tags for store in self.tables))
         self.step = 0          # training lookups so far (the lifecycle's clock)
         self.optimizer = None
         # The tables are not autograd leaves; this empty tensor is, so that
@@ -119,13 +120,13 @@ class EmbeddingEngine:
         self._router = None
         self.world = None
         self.requests = 0      # unique keys this rank's tables served, all batches
-        self._layout = (None, None)    # (key, layout), see _one_id_per_bag_layout
         self._deferred = None          # the open DeferredUpdates, see deferred_updates
-        self._device = torch.device("cpu")     # of the latest lookup's ids
+        self.lookup_device = torch.device("cpu")     # of the latest lookup's ids
         self._window_start = None      # (rows, evicted) at begin_window
         self._delta_bases = {}         # checkpoint id -> the generation it ended
 
     def _store(self, group, init_scale, seed, device):
+        """The row store of one physical table, as its tables' options ask."""
         plan = self.packing
         dim, names = plan.dims[group], plan.group_tables[group]
         options = plan.group_options[group]
@@ -151,14 +152,13 @@ class EmbeddingEngine:
     def has_host_cached(self) -> bool:
         """Whether any physical table is `host_cached` (only then has
         `prefetch` anything to do)."""
-        return any(store.storage == "host_cached" for store in self.tables)
+        return any(store.cache is not None for store in self.tables)
 
     @property
-    def caches(self) -> list:
+    def caches(self) -> list[RowCache | None]:
         """The device tier (`cache.RowCache`) of each `host_cached` table,
         None for the others: to inspect a cache (tests, benchmarks)."""
-        return [(store.store if isinstance(store, RowLifecycle) else store).cache
-                if store.storage == "host_cached" else None for store in self.tables]
+        return [store.cache for store in self.tables]
 
     def table_layouts(self) -> list[TableLayout]:
         """Every physical table's layout (no rows copied).
@@ -186,7 +186,7 @@ class EmbeddingEngine:
         engine.load_table_states(snapshot)   # the tables as they were
         ```
         """
-        return [state_of(store, layout, store.export())
+        return [TableState(layout, **store.export())
                 for store, layout in zip(self.tables, self.table_layouts())]
 
     def changed_since(self, checkpoint: str) -> list[TableState]:
@@ -204,7 +204,7 @@ class EmbeddingEngine:
             KeyError: `checkpoint` is not one of `delta_bases`.
         """
         generation = self._delta_bases[checkpoint]
-        return [state_of(store, layout, store.export_changes(generation))
+        return [TableState(layout, **store.export_changes(generation))
                 for store, layout in zip(self.tables, self.table_layouts())]
 
     @property
@@ -288,7 +288,7 @@ class EmbeddingEngine:
     def end_window(self) -> dict[str, int]:
         """Ends a time window after training on it: tables with
         `TableOptions(evict_idle_windows=k)` free the rows not trained in
-        the last `k` windows (`lifecycle.RowLifecycle.end_window`).
+        the last `k` windows (`RowStore.end_window`).
 
         Counts this rank's rows since `begin_window`: the rows created
         while training (new ids, and freed ids that came back), the rows
@@ -307,8 +307,7 @@ class EmbeddingEngine:
             raise RuntimeError("end_window() without begin_window(): call begin_window() "
                                "before training on the window")
         for store in self.tables:
-            if isinstance(store, RowLifecycle):
-                store.end_window()
+            store.end_window()
         rows_before, evicted_before = self._window_start
         self._window_start = None
         evicted = self._evicted() - evicted_before
@@ -322,7 +321,7 @@ class EmbeddingEngine:
         return sum(store.num_rows for store in self.tables)
 
     def _evicted(self):
-        return sum(store.evicted for store in self.tables if isinstance(store, RowLifecycle))
+        return sum(store.evicted for store in self.tables)
 
     # ---- setup --------------------------------------------------------------------
 
@@ -394,8 +393,8 @@ class EmbeddingEngine:
         plan = self.packing
         if routed is not None:
             self._check_routed(routed, ids, offsets, training)
-        self._device = ids.device
-        batch, slot_ids, per_id = self._slots_of(ids, offsets)
+        self.lookup_device = ids.device
+        batch, slot_ids, per_id = self.id_layout.slots_of(ids, offsets)
         keys = routed.keys if routed else \
             table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         if self.has_host_cached and self.connect() is None:
@@ -411,7 +410,7 @@ class EmbeddingEngine:
         outputs = []
         for layout, (group, (chosen, group_tags, group_weight, group_destination)) in zip(
                 plan.layouts,
-                enumerate(self._group_layout(offsets, batch, per_id, ids, weights))):
+                enumerate(self.id_layout.groups(offsets, batch, per_id, ids, weights))):
             # One iteration per distinct dim.
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
             # The step's update rounds half rows with bits of its own (and the
@@ -494,7 +493,7 @@ class EmbeddingEngine:
             if pin is not None:
                 pin.release()
         else:
-            deferred._queue(all_finite(checked), update, pin)
+            deferred.queue(all_finite(checked), update, pin)
 
     def _apply_row_grads(self, store, rows, grads, round_seed):
         store.mark_written(rows)
@@ -524,11 +523,11 @@ class EmbeddingEngine:
         """
         if self.connect() is None:
             raise RuntimeError("route_ahead needs several ranks")
-        batch, slot_ids, per_id = self._slots_of(ids, offsets)
+        batch, slot_ids, per_id = self.id_layout.slots_of(ids, offsets)
         keys = table_keys(ids, self.packing.slot_salt.to(ids.device), slot_ids)
         routes = []
         for group, (chosen, tags, _, _) in enumerate(
-                self._group_layout(offsets, batch, per_id, ids)):
+                self.id_layout.groups(offsets, batch, per_id, ids)):
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
             routes.append(self._route(group, group_keys, tags, training, ahead=True))
         return RoutedBatch(self, ids, offsets, training, keys, routes)
@@ -550,80 +549,6 @@ class EmbeddingEngine:
         for store in self.tables:
             store.release_pins()
 
-    def _group_layout(self, offsets, batch, per_id, ids, weights=None):
-        # Without sequences a bag holds one id or none (a missing value):
-        # N == S * B tells that every bag holds one.
-        if self.packing.has_sequences or ids.numel() != batch * self.packing.num_slots:
-            return self._id_layout(offsets, batch, per_id, ids.numel(), ids.device,
-                                   weights)
-        return self._one_id_per_bag_layout(batch, per_id, ids.device)
-
-    def _id_layout(self, offsets, batch, per_id, num_ids, device, weights=None):
-        """Per group: `(chosen, tags, weight, destination)` of its ids.
-
-        `chosen` indexes the group's ids in the batch (None: every id);
-        `tags` their table tags (lifecycle admission; None without one),
-        `weight` their pooling weights and `destination` the output row
-        each id is pooled into (its example, slot and, for an unpooled
-        sequence, position).
-        """
-        plan = self.packing
-        if offsets is not None:
-            bag = ragged.bag_of_ids(offsets, num_ids)
-            example = bag - per_id(torch.arange(plan.num_slots, device=device) * batch)
-        else:
-            bag = None
-            example = torch.arange(batch, device=device).repeat(plan.num_slots)
-        tags = per_id(plan.slot_tag) if any(s.needs_tags for s in self.tables) else None
-        weight = self._pooling_weight(offsets, bag, per_id, num_ids, device, weights)
-        destination = example * per_id(plan.slot_stride)
-        destination += per_id(plan.slot_base * batch + plan.slot_position)
-        if plan.has_unpooled:
-            position = torch.arange(num_ids, device=device) \
-                - offsets.index_select(0, bag)
-            destination += torch.where(per_id(plan.slot_unpooled), position, 0)
-        if len(plan.layouts) == 1:
-            return [(None, tags, weight, destination)]
-        groups = []
-        group_of = per_id(plan.slot_group)
-        for group in range(len(plan.layouts)):      # one iteration per distinct dim
-            chosen = (group_of == group).nonzero().squeeze(1)
-            groups.append((chosen, None if tags is None else tags.index_select(0, chosen),
-                           weight.index_select(0, chosen),
-                           destination.index_select(0, chosen)))
-        return groups
-
-    def _one_id_per_bag_layout(self, batch, per_id, device):
-        """`_id_layout` of a batch without sequence features: every slot
-        then holds exactly one id per example, so the layout depends on the
-        batch size only and is built once per size (rebuilding it for every
-        batch cost ~5 ms of a ~58 ms dlrm training step on CPU)."""
-        key = (batch, device)
-        cached_key, layout = self._layout     # one tuple: the stage thread reads it too
-        if cached_key != key:
-            layout = self._id_layout(None, batch, per_id,
-                                     batch * self.packing.num_slots, device)
-            self._layout = (key, layout)
-        return layout
-
-    def _slots_of(self, ids, offsets):
-        """`(batch, ids per slot, per_id)` of a packed batch.
-
-        Ids are slot-major: slot s holds ids offsets[s * B]:offsets[(s + 1) * B].
-        `per_id` expands per-slot values once per slot, never gathering per
-        id (on CPU, `t[slot]` over 614k ids costs ~2 ms, the expansion 0.1 ms).
-        """
-        plan = self.packing
-        batch = ragged.batch_size(offsets, plan.num_slots)
-        slot_ids = offsets[::batch].diff() if batch else \
-            torch.zeros(plan.num_slots, dtype=torch.int64, device=ids.device)
-
-        def per_id(values):             # the plan's tensors live on the CPU
-            return values.to(ids.device).repeat_interleave(slot_ids,
-                                                           output_size=ids.numel())
-
-        return batch, slot_ids, per_id
-
     def prefetch(self, ids: torch.Tensor, offsets: torch.Tensor) -> None:
         """Loads the rows a coming batch will read into the device caches.
 
@@ -639,7 +564,7 @@ class EmbeddingEngine:
         if not self.has_host_cached or ids.numel() == 0:
             return
         plan = self.packing
-        _, slot_ids, per_id = self._slots_of(ids, offsets)
+        _, slot_ids, per_id = self.id_layout.slots_of(ids, offsets)
         keys = table_keys(ids, plan.slot_salt.to(ids.device), slot_ids)
         group_of = per_id(plan.slot_group)
         world = self.world or distributed.world()
@@ -712,26 +637,6 @@ class EmbeddingEngine:
         summed.index_add_(0, position, owner_grads[present])
         self._apply_row_grads(store, unique, summed, round_seed)
 
-    def _pooling_weight(self, offsets, bag, per_id, num_ids, device, weights):
-        """Every id's scale: its weight (1 unweighted) over its bag's `"mean"`
-        or `"sqrtn"` denominator."""
-        if not self.packing.has_sequences:
-            return torch.ones(num_ids, device=device)
-        combiner = per_id(self.packing.slot_combiner)     # unpooled: weight 1
-        if weights is None:
-            length = (offsets[1:] - offsets[:-1]).index_select(0, bag).float()
-            return torch.where(combiner == MEAN, 1.0 / length,
-                               torch.where(combiner == SQRTN, length.rsqrt(), 1.0))
-        weights = weights.float()
-        bags = offsets.numel() - 1
-        total = weights.new_zeros(bags).index_add_(0, bag, weights).index_select(0, bag)
-        squares = weights.new_zeros(bags).index_add_(0, bag, weights * weights) \
-            .index_select(0, bag)
-        # A bag whose denominator is 0 pools to zeros (TensorFlow's rule).
-        scale = torch.where(combiner == MEAN, total,
-                            torch.where(combiner == SQRTN, squares.sqrt(), 1.0))
-        return torch.where(scale != 0, weights / scale, 0.0)
-
     def stats(self) -> dict:
         """This rank's tables: rows, bytes held, and requests served so far.
 
@@ -742,126 +647,6 @@ class EmbeddingEngine:
         """
         return {"requests": self.requests,
                 "tables": [store.stats() for store in self.tables]}
-
-
-def all_finite(tensor: torch.Tensor) -> torch.Tensor:
-    """Whether every element of `tensor` is finite, as a 0-d bool tensor
-    (on its device: reading it is the only host sync).
-
-    One reduction, a float32 sum, instead of an elementwise test: NaN and
-    inf propagate through a sum, and it is ~25x cheaper on a CPU than
-    `isfinite(tensor).all()` (0.17 against 4.6 ms for a wide step's
-    `[2048, 2400]` pooled gradient). A sum of finite values that overflows
-    float32 (above ~3.4e38) also counts as non-finite: a gradient that large
-    would overflow the weights it updates anyway.
-
-    Args:
-        tensor: any floating tensor (an empty one is finite).
-
-    Returns:
-        A 0-d bool tensor.
-
-    Example:
-
-    ```python
-    all_finite(torch.tensor([1.0, float("nan")]))     # tensor(False)
-    ```
-    """
-    return torch.isfinite(torch.sum(tensor, dtype=torch.float32))
-
-
-@dataclasses.dataclass
-class RoutedBatch:
-    """The routes `EmbeddingEngine.route_ahead` planned for one batch.
-
-    Args:
-        engine: the engine that planned them (and must look the batch up).
-        ids: the batch's ids tensor (the very object `lookup` receives).
-        offsets: its offsets tensor (likewise).
-        training: whether the lookup trains.
-        keys: int64 table keys of the ids.
-        routes: per physical table, `(unique_index, route)`: each key's
-            position among the batch's unique keys, and their route.
-    """
-
-    engine: EmbeddingEngine
-    ids: torch.Tensor
-    offsets: torch.Tensor
-    training: bool
-    keys: torch.Tensor
-    routes: list
-
-
-class DeferredUpdates:
-    """The table updates one engine's backward queued, not applied yet.
-
-    Made by `EmbeddingEngine.deferred_updates`; updates run in the order
-    backward queued them. Each rank checks only its own gradients: with
-    several ranks the caller must combine the flags across ranks, so that
-    every rank applies (and joins the gradient exchanges) or none does.
-
-    Args:
-        engine: the engine whose lookups queue here.
-
-    Example:
-
-    ```python
-    with engine.deferred_updates() as updates:
-        loss.backward()
-        if bool(updates.finite()):
-            updates.apply()
-    ```
-    """
-
-    def __init__(self, engine: EmbeddingEngine):
-        self._engine = engine
-        self._pending = []          # (update, pin), in backward order
-        self._flags = []            # one 0-d bool per update queued in the block
-
-    def _queue(self, finite, update, pin):
-        self._flags.append(finite)
-        self._pending.append((update, pin))
-
-    def finite(self) -> torch.Tensor:
-        """Whether every update queued in the block had finite gradients.
-
-        It covers what each update would apply: the pooled output gradient
-        of a fused update, the row gradients otherwise, and with several
-        ranks this rank's gradients before their exchange. Updates already
-        applied or discarded still count, so the answer stays the same
-        after `discard()`.
-
-        Returns:
-            A 0-d bool tensor on the gradients' device (no host sync); True
-            when nothing was queued (on the device of the engine's latest
-            lookup).
-        """
-        if not self._flags:
-            return torch.ones((), dtype=torch.bool, device=self._engine._device)
-        device = self._flags[0].device
-        return torch.stack([flag.to(device) for flag in self._flags]).all()
-
-    def apply(self) -> None:
-        """Runs the queued updates, in order, and unpins their rows.
-
-        With several ranks it runs their gradient exchanges (collectives):
-        every rank must call it at the same point.
-        """
-        while self._pending:
-            update, pin = self._pending.pop(0)
-            try:
-                update()
-            finally:
-                if pin is not None:
-                    pin.release()
-
-    def discard(self) -> None:
-        """Drops the queued updates: no row, state or rank changes; their
-        cached rows are unpinned."""
-        pending, self._pending = self._pending, []
-        for _, pin in pending:
-            if pin is not None:
-                pin.release()
 
 
 class _RowUpdate:

@@ -18,8 +18,8 @@ tables set lifecycle fields in their `TableOptions` (see `options`):
   on the last `k` time windows are freed when a window ends (`end_window`,
   which `rk.Model.fit_windows` calls after training on each window), the
   same way: compaction, and tombstones for delta checkpoints. Each row's
-  last window (`last_windows`) and the window count are saved in
-  checkpoints and restored by `load`, so a job that restarts from a
+  last window and the window count are exported with the rows (`export`:
+  checkpoints save them) and restored by `load`, so a job that restarts from a
   checkpoint ages rows out as one that never stopped.
 
 Eviction runs at the start of a training step (`begin_step`), before the
@@ -35,14 +35,13 @@ them too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ContextManager
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from reckeras.backend_kernels import hash_table
 from reckeras.embedding.options import TableOptions
-from reckeras.embedding.table import PhysicalTable, RowStore
+from reckeras.embedding.row_store import DelegatingStore, RowStore
 
 if TYPE_CHECKING:
     from reckeras.embedding.cache import Pin
@@ -92,10 +91,11 @@ class KeyCounter:
         return self.counts[index]
 
 
-class RowLifecycle(RowStore):
+class RowLifecycle(DelegatingStore):
     """Admission and eviction around the row store of one physical table.
 
-    It is itself a `RowStore`: what it does not change it hands to `store`.
+    It is itself a `RowStore`: what it does not change (the arrays, the
+    cache, `mark_written`, ...) is the wrapped store's (`inner`).
 
     Args:
         store: the wrapped `PhysicalTable` or `cache.HostCachedTable`.
@@ -114,7 +114,7 @@ class RowLifecycle(RowStore):
     needs_tags = True
 
     def __init__(self, store: RowStore, options: list[TableOptions]):
-        self.store = store
+        super().__init__(store)
         self.admit_after = torch.tensor([o.admit_after for o in options])
         self.idle_limit = torch.tensor([o.evict_idle_steps or NEVER for o in options])
         self.min_hits = torch.tensor([o.evict_min_hits or 0 for o in options])
@@ -142,11 +142,11 @@ class RowLifecycle(RowStore):
         Args:
             step: the training step that begins, counted from 1.
         """
-        self.store.begin_step(step)
+        self.inner.begin_step(step)
         self.step = step
         if not self.evicts or step % self.evict_every:
             return
-        with self.store.locked():
+        with self.inner.locked():
             n = self.index.num_rows
             tag = self._tags(n)
             stale = (step - self.last_step[:n]) > self.idle_limit[tag]
@@ -175,13 +175,14 @@ class RowLifecycle(RowStore):
         store = RowLifecycle(PhysicalTable(8),
                              [rk.embedding.TableOptions(evict_idle_windows=2)])
         ...                          # train on window 0, touching some keys
-        store.end_window()           # 0: nothing is 2 windows old yet
-        store.end_window()           # window 1 touched nothing: window 0's rows go
+        store.end_window()           # 0: window 0 trained them
+        store.end_window()           # 0: window 0 is one of the last 2
+        store.end_window()           # windows 1 and 2 touched nothing: those rows go
         ```
         """
         freed = 0
         if self.ages_by_windows:
-            with self.store.locked():
+            with self.inner.locked():
                 n = self.index.num_rows
                 stale = (self.window - self.last_window[:n]) >= self.idle_windows[self._tags(n)]
                 freed = int(stale.sum())
@@ -205,11 +206,11 @@ class RowLifecycle(RowStore):
             `(rows, pin)` of the wrapped store; -1 for ids not admitted yet.
         """
         if not training:
-            return self.store.resolve(keys, training)
+            return self.inner.resolve(keys, training)
         index = self.index
-        with self.store.locked():
+        with self.inner.locked():
             rows = self._admitted_rows(keys.to(index.device), tags.to(index.device))
-            return self.store.place(rows, training)
+            return self.inner.place(rows, training)
 
     def _tags(self, n):
         """The logical table of the index's first `n` rows (0 where unknown:
@@ -247,122 +248,21 @@ class RowLifecycle(RowStore):
                                           torch.full((extra,), fill_window)])
             self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.int64)])
 
-    # ---- the rest is the wrapped store's ----------------------------------------------
+    # ---- what the lifecycle adds to the wrapped store's table state -------------------
 
-    @property
-    def storage(self) -> str:
-        """The wrapped store's storage."""
-        return self.store.storage
-
-    @property
-    def dim(self) -> int:
-        """The row width."""
-        return self.store.dim
-
-    @property
-    def name(self) -> str:
-        """How errors name the table."""
-        return self.store.name
-
-    @property
-    def index(self) -> PhysicalTable:
-        """The wrapped store's index, whose rows the lifecycle counts."""
-        return self.store.index
-
-    @property
-    def weights(self) -> torch.Tensor:
-        """The wrapped store's lookup rows."""
-        return self.store.weights
-
-    @property
-    def state(self) -> torch.Tensor:
-        """The wrapped store's optimizer state."""
-        return self.store.state
-
-    @property
-    def row_bound(self) -> int:
-        """The wrapped store's bound on resolved rows."""
-        return self.store.row_bound
-
-    @property
-    def num_rows(self) -> int:
-        """Rows held (admitted and not evicted)."""
-        return self.store.num_rows
-
-    def locked(self) -> ContextManager:
-        """The wrapped store's lock.
+    def export(self) -> dict[str, Any]:
+        """The wrapped store's rows, and each row's last window where rows
+        age out by windows (admission counts, step ages and hits are not in
+        it: a restarted job counts them afresh).
 
         Returns:
-            A context manager (reentrant).
+            `RowStore.export`'s arrays; with `ages_by_windows`, also
+            `"last_window"` (int32, one per row) and `"window"` (the
+            windows ended so far).
         """
-        return self.store.locked()
+        return self._with_windows(self.inner.export())
 
-    def mark_written(self, rows: torch.Tensor) -> None:
-        """The wrapped store's `mark_written`.
-
-        Args:
-            rows: int64 rows of the wrapped store's `weights` (-1: none).
-        """
-        self.store.mark_written(rows)
-
-    def place(self, index_rows: torch.Tensor,
-              training: bool) -> tuple[torch.Tensor, Pin | None]:
-        """The wrapped store's `place`.
-
-        Args:
-            index_rows: int64 rows of `index` (-1: none).
-            training: the lookup will update the rows.
-
-        Returns:
-            `(rows, pin)`.
-        """
-        return self.store.place(index_rows, training)
-
-    def check_fits(self, keys: torch.Tensor, training: bool) -> None:
-        """The wrapped store's `check_fits` (keys not admitted yet count too).
-
-        Args:
-            keys: int64 keys of one lookup.
-            training: the lookup may create rows.
-        """
-        self.store.check_fits(keys, training)
-
-    def prefetch(self, keys: torch.Tensor) -> None:
-        """The wrapped store's `prefetch` (it finds rows only: no admission).
-
-        Args:
-            keys: int64 keys a coming batch will look up.
-        """
-        self.store.prefetch(keys)
-
-    def release_pins(self) -> None:
-        """The wrapped store's `release_pins`."""
-        self.store.release_pins()
-
-    def sync(self) -> None:
-        """The wrapped store's `sync`."""
-        self.store.sync()
-
-    def configure_state(self, width: int, initial_value: float) -> None:
-        """The wrapped store's `configure_state`.
-
-        Args:
-            width: float32 state values per row.
-            initial_value: a new row's state values.
-        """
-        self.store.configure_state(width, initial_value)
-
-    def export(self) -> dict[str, np.ndarray]:
-        """The wrapped store's rows (admission counts, row ages and hits are
-        not in it; a checkpoint adds the windows, see `last_windows`).
-
-        Returns:
-            `{"keys", "weights", "state", "seen_steps"}` numpy arrays (and
-            `"tags"`).
-        """
-        return self.store.export()
-
-    def export_changes(self, since: int) -> dict[str, np.ndarray]:
+    def export_changes(self, since: int) -> dict[str, Any]:
         """The wrapped store's changes: rows it admitted or updated after
         generation `since`, and the keys it freed since (tombstones).
 
@@ -370,29 +270,19 @@ class RowLifecycle(RowStore):
             since: the generation of the checkpoint the changes are relative to.
 
         Returns:
-            `RowStore.export_changes`'s arrays.
+            `RowStore.export_changes`'s arrays, with the windows as `export`.
         """
-        return self.store.export_changes(since)
+        return self._with_windows(self.inner.export_changes(since))
 
-    def last_windows(self, keys: np.ndarray) -> np.ndarray:
-        """The window each key's row was last trained in, as `end_window`
-        counts them (what a checkpoint saves beside `export`'s rows).
-
-        Args:
-            keys: int64 keys that have rows (an export's).
-
-        Returns:
-            int32, one per key.
-
-        Example:
-
-        ```python
-        arrays = store.export()
-        arrays["last_window"] = store.last_windows(arrays["keys"])
-        ```
-        """
-        rows = self.index.find(torch.from_numpy(keys).to(self.index.device)).cpu()
-        return self.last_window[rows].to(torch.int32).numpy()
+    def _with_windows(self, arrays):
+        """`arrays` with each row's last window (as `end_window` counts
+        them) and the window count, where rows age out by windows."""
+        if self.ages_by_windows:
+            index = self.index
+            rows = index.find(torch.from_numpy(arrays["keys"]).to(index.device)).cpu()
+            arrays["last_window"] = self.last_window[rows].to(torch.int32).numpy()
+            arrays["window"] = self.window
+        return arrays
 
     def load(self, arrays: dict) -> None:
         """Loads the wrapped store.
@@ -410,7 +300,7 @@ class RowLifecycle(RowStore):
             arrays: `{"keys", "weights", "state"}` numpy arrays or tensors
                 (and `"tags"`, `"seen_steps"`, `"last_window"`, `"window"`).
         """
-        self.store.load(arrays)
+        self.inner.load(arrays)
         if arrays.get("window") is not None:
             self.window = int(arrays["window"])
         self.last_step, self.last_window, self.hits = (
@@ -434,18 +324,10 @@ class RowLifecycle(RowStore):
             The new row of each kept row.
         """
         kept = [values[keep] for values in (self.last_step, self.last_window, self.hits)]
-        rows = self.store.compact(keep)
+        rows = self.inner.compact(keep)
         capacity = self.index.weights.shape[0]
         self.last_step, self.last_window, self.hits = (
             torch.zeros(capacity, dtype=torch.int64) for _ in range(3))
         for values, old in zip((self.last_step, self.last_window, self.hits), kept):
             values[rows] = old
         return rows
-
-    def stats(self) -> dict:
-        """The wrapped store's figures.
-
-        Returns:
-            `{"dim", "rows", "bytes"}` (and `"cache"`).
-        """
-        return self.store.stats()

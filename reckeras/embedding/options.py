@@ -4,7 +4,7 @@
 for one logical table. The lifecycle fields (admission, eviction) are read by
 `lifecycle.RowLifecycle`; the storage fields (`storage`, the cache budget and
 policy) by `cache.HostCachedTable`; `dtype` (the rows' precision) by
-`table.PhysicalTable`. The engine builds one row store per
+`physical_table.PhysicalTable`. The engine builds one row store per
 physical table from the options of the logical tables packed into it.
 """
 

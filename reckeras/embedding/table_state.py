@@ -12,7 +12,7 @@ since).
 The engine also keeps the history a delta needs
 (`EmbeddingEngine.mark_saved`): the checkpoints its tables equal, each at
 the save generation that ended with it (the tables mark each row written
-with the current generation, see `table`).
+with the current generation, see `physical_table`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import dataclasses
 
 import numpy as np
 
-from reckeras.embedding.lifecycle import RowLifecycle
 from reckeras.embedding.row_dtypes import dtype_name
-from reckeras.embedding.table import RowStore
+from reckeras.embedding.row_store import RowStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,31 +124,10 @@ def layout_of(store: RowStore, tables: list[str]) -> TableLayout:
         Its `TableLayout`.
     """
     return TableLayout(name=store.name, tables=tuple(tables), dim=store.dim,
-                       dtype=dtype_name(store.index.weights.dtype),
+                       dtype=dtype_name(store.weights.dtype),
                        state_width=store.state.shape[1],
                        tracks_tags=store.index.tags is not None,
-                       ages_by_windows=isinstance(store, RowLifecycle)
-                       and store.ages_by_windows)
-
-
-def state_of(store: RowStore, layout: TableLayout,
-             exported: dict[str, np.ndarray]) -> TableState:
-    """A store's exported arrays (`RowStore.export` or `export_changes`) as
-    a `TableState`, with the rows' windows where the table ages by them.
-
-    Args:
-        store: the row store the arrays come from.
-        layout: its layout.
-        exported: the arrays.
-
-    Returns:
-        The state.
-    """
-    state = TableState(layout, **exported)
-    if layout.ages_by_windows:
-        state.last_window = store.last_windows(state.keys)
-        state.window = store.window
-    return state
+                       ages_by_windows=store.ages_by_windows)
 
 
 def load_arrays(state: TableState) -> dict:

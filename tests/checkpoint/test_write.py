@@ -126,7 +126,7 @@ def test_a_chain_restores_the_state_of_a_full_checkpoint_of_the_same_step(chain)
     rows_freed = model.embedding_layers[0].engine.tables[1].evicted
     assert rows_freed > 0                     # ids of the first window aged out
     for name in ("delta3", "cumulative3", "full3"):
-        fresh = build(model.embedding_layers[0].engine.tables[0].storage, evict=True)
+        fresh = build(model.embedding_layers[0].table_options["a"].storage, evict=True)
         fit(fresh, data(seed=5))              # something to overwrite
         report = fresh.load_checkpoint(root / name)
         assert_same_state(at_save, state(fresh))

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from reckeras.embedding.engine import all_finite
+from reckeras.embedding.updates import all_finite
 
 
 @settings(max_examples=60, deadline=None)

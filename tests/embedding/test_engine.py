@@ -131,7 +131,7 @@ def test_unpooled_sequences_land_in_their_own_region():
 
 
 def test_routes_planned_for_another_batch_are_refused():
-    from reckeras.embedding.engine import RoutedBatch
+    from reckeras.embedding.comm import RoutedBatch
     specs = [rk.features.Categorical("a", dim=2)]
     plan, engine = make_engine(specs)
     _, other_engine = make_engine(specs)

@@ -17,7 +17,7 @@ import reckeras as rk
 import reckeras.serving
 from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.packing import PackingPlan
-from reckeras.embedding.table import PhysicalTable
+from reckeras.embedding.physical_table import PhysicalTable
 from reckeras.features.plan import TransformPlan
 
 HALVES = ["float16", "bfloat16"]

@@ -182,7 +182,7 @@ def test_options_validation():
 
 def test_host_allocation_failure_names_the_table(monkeypatch):
     plan, engine = make({"c": cached(64)})
-    monkeypatch.setattr("reckeras.embedding.table.available_host_bytes", lambda: 100)
+    monkeypatch.setattr("reckeras.embedding.physical_table.available_host_bytes", lambda: 100)
     raw = {"a": torch.ones(40, dtype=torch.int64), "b": torch.ones(40, dtype=torch.int64),
            "c": torch.arange(100, 140), "h": torch.zeros(40, 4, dtype=torch.int64)}
     with pytest.raises(MemoryError, match=r"\['c'\] \(dim 2\): 40 rows .* need 320 bytes.* 100 bytes"):

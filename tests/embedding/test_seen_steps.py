@@ -16,9 +16,9 @@ from safetensors.numpy import load_file, save_file
 
 import reckeras as rk
 from reckeras.backend_kernels.hashing import mix64
-from reckeras.embedding import table as table_module
+from reckeras.embedding import physical_table as table_module
 from reckeras.embedding.packing import table_salt
-from reckeras.embedding.table import PhysicalTable
+from reckeras.embedding.physical_table import PhysicalTable
 
 # Three training steps of 4 examples. Feature "a" and feature "b" (which
 # shares table "a") see id 1 in step 1 only (six times), id 2 in steps 1 and

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from reckeras.backend_kernels.hashing import initial_rows
-from reckeras.embedding.table import PhysicalTable
+from reckeras.embedding.index_build import CATCH_UP_S
+from reckeras.embedding.physical_table import PhysicalTable
 
 
 def test_rows_created_on_first_sight_and_stable():
@@ -59,25 +60,8 @@ def test_export_load_round_trip():
         PhysicalTable(dim=4).load(exported)
 
 
-def _resident_bytes():
-    import os
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def test_reserved_memory_is_committed_only_where_written():
-    from reckeras.embedding.table import reserve_memory
-    before = _resident_bytes()
-    rows = reserve_memory((2**27, 16), torch.float32)      # 8 GiB of address space
-    assert _resident_bytes() - before < 2**24
-    assert rows.shape == (2**27, 16) and float(rows[2**26].sum()) == 0.0
-    rows[:2**16] = 1.0                                       # 4 MiB written
-    assert 2**22 <= _resident_bytes() - before < 2**24
-    assert float(rows[:2**16].mean()) == 1.0
-
-
 def test_a_large_table_grows_in_place(monkeypatch):
-    from reckeras.embedding import table as table_module
+    from reckeras.embedding import physical_table as table_module
     monkeypatch.setattr(table_module, "RESERVE_FROM_ROWS", 64)
     table = PhysicalTable(dim=4, init_scale=0.1, seed=3)
     table.configure_state(1, 0.5)
@@ -115,7 +99,7 @@ def test_a_large_table_grows_in_place(monkeypatch):
 
 
 def test_a_load_into_a_reserved_table_then_growth(monkeypatch):
-    from reckeras.embedding import table as table_module
+    from reckeras.embedding import physical_table as table_module
     monkeypatch.setattr(table_module, "RESERVE_FROM_ROWS", 64)
     source = PhysicalTable(dim=2, seed=1)
     source.find_or_insert(torch.arange(300))
@@ -130,24 +114,24 @@ def test_a_load_into_a_reserved_table_then_growth(monkeypatch):
 
 
 def test_the_index_is_built_ahead_in_the_background(monkeypatch):
-    from reckeras.embedding import table as table_module
+    from reckeras.embedding import physical_table as table_module
     monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
     builds = []
-    original = table_module._IndexBuild
+    original = table_module.IndexBuild
 
     def counted(*args):
         build = original(*args)
         builds.append((build, build.rows))
         return build
 
-    monkeypatch.setattr(table_module, "_IndexBuild", counted)
+    monkeypatch.setattr(table_module, "IndexBuild", counted)
     table = PhysicalTable(dim=2, seed=5)
     keys = torch.randperm(200_000) * 104729 - 2**40
     rows = []
     for chunk in keys.split(997):
         rows.append(table.find_or_insert(chunk))
         if table._next_index is not None:
-            time.sleep(2 * table_module.CATCH_UP_S)     # let the build catch up
+            time.sleep(2 * CATCH_UP_S)     # let the build catch up
     rows = torch.cat(rows)
     # The doublings past 4096 slots (where a chunk of 997 keys no longer
     # crosses both 60% of the limit and the limit) came from builds begun
@@ -162,7 +146,7 @@ def test_the_index_is_built_ahead_in_the_background(monkeypatch):
 
 
 def test_a_load_during_a_background_build_wins(monkeypatch):
-    from reckeras.embedding import table as table_module
+    from reckeras.embedding import physical_table as table_module
     monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
     table = PhysicalTable(dim=2, seed=5)
     table.find_or_insert(torch.arange(50))              # 128 slots
@@ -184,7 +168,7 @@ def test_a_load_during_a_background_build_wins(monkeypatch):
 def test_a_table_dropped_during_a_background_build_ends_it(monkeypatch):
     import gc
     import threading
-    from reckeras.embedding import table as table_module
+    from reckeras.embedding import physical_table as table_module
     monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
     table = PhysicalTable(dim=2, seed=5, name="dropped")
     table.find_or_insert(torch.arange(50))
@@ -201,7 +185,7 @@ def test_a_table_dropped_during_a_background_build_ends_it(monkeypatch):
 EXITS_DURING_A_BUILD = """
 import threading, time, torch
 from reckeras.backend_kernels import hash_table
-from reckeras.embedding import table as table_module
+from reckeras.embedding import physical_table as table_module
 real_rehash = hash_table.rehash
 started = threading.Event()
 

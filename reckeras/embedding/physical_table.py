@@ -1,19 +1,15 @@
-"""Row stores: what the engine needs of a physical table, and the device table.
+"""The device row store: a dynamic hash index plus row arrays.
 
-Several logical tables of one dim are packed into one physical table (see
-`packing`); their keys are salted so they never share a row. On each rank a
-physical table's rows live in one *row store* (`RowStore`), the one interface
-the engine uses:
-
-* `PhysicalTable` (storage `"device"`): a dynamic hash index plus row
-  arrays, every row where the lookup runs. It is also the host tier of a
-  `cache.HostCachedTable` (storage `"host_cached"`), which keeps every row
-  in a host `PhysicalTable` and runs the lookup and the optimizer on a
-  bounded device cache of the hot ones.
-* `lifecycle.RowLifecycle` wraps either of them to admit and evict rows.
+A `PhysicalTable` holds the rows of one physical table (several logical
+tables of one dim packed together, see `packing`; their keys are salted so
+they never share a row). It is the `"device"` row store (see `row_store`),
+every row where the lookup runs, and the host tier (`index`) of a
+`cache.HostCachedTable`.
 
 A `PhysicalTable` grows without bound: the index is rehashed to keep its load
-under one half, and the row arrays double when full. A new row's initial
+under one half (a large CPU index is rebuilt ahead of time, see
+`index_build`), and the row arrays double when full (a large CPU table grows
+inside reserved address space, see `host_memory`). A new row's initial
 value is a function of its key and the table's seed only, so it is the same
 whatever the batch order or the rank that creates it. The table knows nothing
 of a cache in front of it: the store that owns both keeps them consistent.
@@ -21,12 +17,12 @@ of a cache in front of it: the store that owns both keeps them consistent.
 Every `PhysicalTable` also tracks what changed, for delta checkpoints (see
 `checkpoint`): `written_at[row]` is the save *generation* in which the row
 was created or last updated by training, set for the distinct rows of each
-update before it is applied (`mark_written`, which the engine calls); keys whose rows were
-freed (`compact`) or replaced (`load`) are kept as *tombstones* with their
-generation. A table that packs several logical tables also keeps each row's
-logical table (`tags`, the index among the physical table's tables; -1:
-unknown), so that a checkpoint can be loaded into a model whose tables
-changed.
+update before it is applied (`mark_written`, which the engine calls); keys
+whose rows were freed (`compact`) or replaced (`load`) are kept as
+*tombstones* with their generation. A table that packs several logical
+tables also keeps each row's logical table (`tags`, the index among the
+physical table's tables; -1: unknown), so that a checkpoint can be loaded
+into a model whose tables changed.
 
 Every row also counts the training steps it was seen in (`seen_steps`,
 int32): the same `mark_written` adds one to its count, once per update
@@ -44,15 +40,9 @@ update rounds stochastically (`backend_kernels.sparse_optimizers`).
 
 from __future__ import annotations
 
-import abc
-import atexit
 import contextlib
-import math
-import mmap
-import os
-import threading
 import weakref
-from typing import TYPE_CHECKING, ContextManager
+from typing import ContextManager
 
 import numpy as np
 import torch
@@ -60,11 +50,11 @@ import torch
 from reckeras._allocator import release_free_memory
 from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import initial_rows
+from reckeras.embedding.host_memory import (available_host_bytes, physical_host_bytes,
+                                            reserve_memory)
+from reckeras.embedding.index_build import IndexBuild
 from reckeras.embedding.row_dtypes import to_numpy, to_torch
-
-if TYPE_CHECKING:
-    from reckeras.embedding.cache import Pin
-
+from reckeras.embedding.row_store import RowStore
 
 # A CPU table that reaches this many rows keeps its arrays in reserved address
 # space, where growing moves nothing (see `PhysicalTable._extended`); below it
@@ -73,358 +63,11 @@ RESERVE_FROM_ROWS = 2**20
 
 
 # A CPU index of at least this many slots is rebuilt in the background
-# (`PhysicalTable._reserve`), starting when its keys reach this share of its
-# load limit: the build then has the next 2/3 of that limit's rows' steps to
-# finish in.
+# (`PhysicalTable._reserve`, an `IndexBuild`), starting when its keys reach
+# this share of its load limit: the build then has the next 2/3 of that
+# limit's rows' steps to finish in.
 BUILD_AHEAD_FROM_SLOTS = 2**22
 BUILD_AHEAD_AT = 0.6
-# How often the build takes the keys created meanwhile.
-CATCH_UP_S = 0.05
-
-
-class _IndexBuild:
-    """The next, twice as large index of a table, built on a thread.
-
-    It first takes the keys of rows `[0, rows)` (those that exist when it
-    starts; the table keeps growing its current index meanwhile, see
-    `hash_table.rehash`'s `rows_below`), then, every `CATCH_UP_S`, the keys
-    created since, read from the table's keys array, until the table installs
-    it: the step that does is left the keys of the last interval only. The
-    native passes and the fill of the fresh arrays run outside the GIL.
-
-    Args:
-        slot_keys: the current index's keys.
-        slot_rows: its rows.
-        capacity: the new index's slots.
-        rows: the table's row count now.
-        table: a weak reference to the table: a table dropped with a build
-            under way ends it (the thread holds no reference that would keep
-            the table, and itself, alive).
-    """
-
-    def __init__(self, slot_keys, slot_rows, capacity, rows, table):
-        self.rows = rows
-        self._outcome = {}
-        self._install = threading.Event()
-        self._thread = threading.Thread(
-            target=self._build, args=(slot_keys, slot_rows, capacity, table),
-            name=f"reckeras-index-{table().name}", daemon=True)
-        _UNDER_WAY.add(self)
-        self._thread.start()
-
-    def _build(self, slot_keys, slot_rows, capacity, table):
-        try:
-            index = hash_table.rehash(slot_keys, slot_rows, capacity, rows_below=self.rows)
-            del slot_keys, slot_rows          # the old index: freed with the table's
-            while True:
-                held = table()
-                if held is None:
-                    return
-                # The count first: every key below it is in the array read after.
-                count, keys = held.num_rows, held.keys
-                del held
-                if count > self.rows:
-                    # Distinct and absent: numbered in row order, each gets its own row.
-                    hash_table.find_or_insert(*index, keys[self.rows:count], self.rows)
-                    self.rows = count
-                del keys
-                if self._install.wait(CATCH_UP_S):
-                    break
-            self._outcome["index"] = index
-        except (RuntimeError, MemoryError):
-            # Out of memory: the table rehashes in the step instead, where
-            # the same failure raises and names the table.
-            pass
-
-    def result(self):
-        """The new `(slot_keys, slot_rows)`, holding the keys of rows
-        `[0, self.rows)`, or None when the build failed (the table then
-        rehashes in the step)."""
-        self._install.set()
-        self._thread.join()
-        return self._outcome.get("index")
-
-
-# The builds whose threads run (a thread holds its build). At exit each is
-# ended and waited for before the interpreter finalizes: a daemon thread left
-# inside a parallel torch op then (the rehash's fills) aborts the process
-# ("terminate called without an active exception", exit code 134) after a
-# training script has finished.
-_UNDER_WAY: "weakref.WeakSet[_IndexBuild]" = weakref.WeakSet()
-
-
-@atexit.register
-def _end_builds_under_way() -> None:
-    for build in list(_UNDER_WAY):
-        build.result()
-
-
-def physical_host_bytes() -> int:
-    """The host's physical memory in bytes: the most one array can hold.
-
-    Returns:
-        `SC_PHYS_PAGES * SC_PAGE_SIZE`.
-    """
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def reserve_memory(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A CPU tensor over fresh anonymous memory that is reserved, not committed.
-
-    Its pages read zeros and take host memory only once written, so a table
-    can reserve room for all the rows the host could hold and grow into it
-    without moving.
-
-    Args:
-        shape: the tensor's shape.
-        dtype: its dtype.
-
-    Returns:
-        A writable tensor of that shape; its memory is unmapped when the
-        last view of it is freed.
-
-    Example:
-
-    ```python
-    from reckeras.embedding.table import reserve_memory
-
-    rows = reserve_memory((10**9, 16), torch.float32)   # 64 GB of address space
-    rows[:3] = 1.0                                        # one page committed
-    ```
-    """
-    nbytes = max(1, math.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-                       | getattr(mmap, "MAP_NORESERVE", 0))
-    return torch.frombuffer(buffer, dtype=dtype).view(shape)
-
-
-def available_host_bytes() -> int | None:
-    """Host memory the kernel reports available (Linux), else None.
-
-    Returns:
-        Bytes of `MemAvailable` in `/proc/meminfo`, or None where it cannot
-        be read.
-    """
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-class RowStore(abc.ABC):
-    """The rows of one physical table on this rank, as the engine uses them.
-
-    A lookup resolves its keys to rows (`resolve`, creating rows while
-    training), reads `weights[rows]`, and its backward hands the rows'
-    gradients to the sparse optimizer, which updates `weights[rows]` and
-    `state[rows]` in place. `weights` and `state` are read when they are used
-    (a store may replace them as it grows), so an update queued for later
-    still lands in the current arrays. Rows stay valid until the next
-    training step begins (`begin_step`, where a lifecycle may renumber them)
-    and, in a `host_cached` store, until the lookup's `pin` is released.
-
-    Every store also has these attributes:
-
-    * `dim` (int): the row width; `name` (str): how errors name the table.
-    * `storage` (str): `"device"` or `"host_cached"` (`TableOptions.storage`).
-    * `needs_tags` (bool): whether `resolve` reads the keys' tags (each key's
-      logical table among the physical table's); the engine computes and
-      routes tags only for a store that needs them.
-    * `index` (`PhysicalTable`): every row this rank holds, found by key
-      (the host tier of a `host_cached` store). Its row numbers are the
-      ones `compact` and `place` take.
-    * `weights`, `state` (`torch.Tensor`): `[row_bound or more, dim]` and
-      `[..., state width]`, the arrays lookups read and the optimizer updates.
-    * `row_bound` (int): every row `resolve` returns is below it.
-    * `num_rows` (int): rows this store holds.
-
-    The engine marks the distinct rows of each training update written
-    (`mark_written`) before it applies the update: they are the only rows
-    a step can change, so `export_changes` finds every changed row.
-
-    Methods with a body here are what a store without a device tier does
-    (nothing); `PhysicalTable` keeps them.
-
-    Example:
-
-    ```python
-    rows, pin = store.resolve(keys, training=True)
-    values = store.weights[rows]              # the lookup's forward
-    optimizer.apply(store.weights, store.state, unique_rows, grads)
-    if pin is not None:
-        pin.release()
-    ```
-    """
-
-    storage = "device"
-    needs_tags = False
-
-    @abc.abstractmethod
-    def resolve(self, keys: torch.Tensor, training: bool,
-                tags: torch.Tensor | None = None) -> tuple[torch.Tensor, Pin | None]:
-        """Rows of `weights`/`state` for one lookup of `keys`.
-
-        Args:
-            keys: int64 table keys (duplicates allowed).
-            training: create rows for new keys (a lifecycle: only the ones it
-                admits) and mark them for update; else find only.
-            tags: int64, each key's logical table (its index among the
-                physical table's); read only where `needs_tags`, else None.
-
-        Returns:
-            `(rows, pin)`: each key's row (-1 where it has none) and what
-            keeps the rows in place until the lookup's update ran (None when
-            nothing can move them).
-        """
-
-    @abc.abstractmethod
-    def locked(self) -> ContextManager:
-        """Holds what keeps a concurrent `prefetch` off the store's index.
-
-        A wrapper that changes the index itself (a lifecycle admitting keys)
-        holds it around its change and `place`.
-
-        Returns:
-            A context manager (reentrant).
-        """
-
-    @abc.abstractmethod
-    def place(self, index_rows: torch.Tensor,
-              training: bool) -> tuple[torch.Tensor, Pin | None]:
-        """`resolve` for keys whose rows of `index` the caller found.
-
-        Call it inside `locked`, with the index rows found inside it too.
-
-        Args:
-            index_rows: int64 rows of `index` (-1: none).
-            training: the lookup will update the rows.
-
-        Returns:
-            `(rows, pin)` as `resolve` returns them.
-        """
-
-    @abc.abstractmethod
-    def mark_written(self, rows: torch.Tensor) -> None:
-        """Marks rows that an update is about to change (in `index`'s
-        `written_at` and `seen_steps`, see the module docstring).
-
-        The engine calls it once per update with the update's distinct rows,
-        after the step was found finite and before the optimizer runs.
-
-        Args:
-            rows: int64 rows of `weights` as `resolve` returned them (-1
-                allowed: no row).
-        """
-
-    def check_fits(self, keys: torch.Tensor, training: bool) -> None:
-        """Raises before anything changes if one lookup of `keys` cannot
-        fit (a device cache's budget); a store without one always fits.
-
-        Args:
-            keys: int64 keys of one lookup.
-            training: the lookup may create rows for keys not seen yet.
-        """
-
-    def prefetch(self, keys: torch.Tensor) -> None:
-        """Brings the existing rows of `keys` close to the lookup ahead of
-        time (a device cache); creates no row, changes no value. A store
-        without a device tier has nothing to bring.
-
-        Args:
-            keys: int64 keys a coming batch will look up.
-        """
-
-    def begin_step(self, step: int) -> None:
-        """A training step begins, before it resolves any row (a lifecycle
-        runs its eviction pass here when one is due).
-
-        Args:
-            step: the training step, counted from 1.
-        """
-
-    def release_pins(self) -> None:
-        """Unpins every row (lookups whose step failed before its update)."""
-
-    def sync(self) -> None:
-        """Makes `index` hold every row's newest value (a device cache
-        writes its updated rows back)."""
-
-    @abc.abstractmethod
-    def configure_state(self, width: int, initial_value: float) -> None:
-        """Sets the per-row optimizer state layout.
-
-        State already of this width (for example loaded from a checkpoint) is
-        kept; otherwise every row starts at `initial_value`.
-
-        Args:
-            width: float32 state values per row.
-            initial_value: a new row's state values.
-        """
-
-    @abc.abstractmethod
-    def export(self) -> dict[str, np.ndarray]:
-        """A copy of every row this store holds, with its newest value.
-
-        Returns:
-            `{"keys": int64 [n], "weights": [n, dim] in the table's dtype
-            (`row_dtypes.numpy_dtype`), "state": float32 [n, width],
-            "seen_steps": int32 [n]}` (the training steps each row was seen
-            in).
-        """
-
-    @abc.abstractmethod
-    def export_changes(self, since: int) -> dict[str, np.ndarray]:
-        """A copy of the rows changed after save generation `since`, and the
-        keys deleted since.
-
-        Args:
-            since: the generation of the checkpoint the changes are relative to.
-
-        Returns:
-            `export()`'s arrays for the rows written in a later generation,
-            plus `"deleted"`: int64 keys that had a row then or since and
-            have none now.
-        """
-
-    @abc.abstractmethod
-    def load(self, arrays: dict) -> None:
-        """Replaces every row by exported arrays (the inverse of `export`).
-
-        Args:
-            arrays: `{"keys", "weights", "state"}` numpy arrays or tensors
-                (and `"seen_steps"`, 0 where missing); weights of another
-                dtype than the table's are converted (rounded to the nearest).
-
-        Raises:
-            ValueError: the weights' shape does not match the keys and `dim`.
-        """
-
-    @abc.abstractmethod
-    def compact(self, keep: torch.Tensor) -> torch.Tensor:
-        """Keeps only some rows of `index`, values and state unchanged.
-
-        Rows are renumbered, so no lookup may hold rows meanwhile (a
-        lifecycle compacts at `begin_step`).
-
-        Args:
-            keep: int64 ascending rows of `index` to keep.
-
-        Returns:
-            The new row of each kept row, in the order of `keep`.
-        """
-
-    @abc.abstractmethod
-    def stats(self) -> dict:
-        """This store's figures for `EmbeddingEngine.stats`.
-
-        Returns:
-            `{"dim", "rows", "bytes"}` (rows held, bytes of `index`), plus
-            `"cache"` (`RowCache.stats`) for a `host_cached` store.
-        """
 
 
 class PhysicalTable(RowStore):
@@ -487,7 +130,7 @@ class PhysicalTable(RowStore):
         self.deleted = []           # tombstones: (int64 keys on the CPU, generation)
         self._reservations = {}     # array name -> the reserved memory it views
         self._rows_written = 0      # the most rows ever held (reserved pages touched)
-        self._next_index = None     # an _IndexBuild under way
+        self._next_index = None     # an IndexBuild under way
 
     # ---- the row store -----------------------------------------------------------
 
@@ -624,7 +267,7 @@ class PhysicalTable(RowStore):
             self._install_index(hash_table.capacity_for(needed))
         elif self._next_index is None and self.num_rows > limit * BUILD_AHEAD_AT and \
                 capacity >= BUILD_AHEAD_FROM_SLOTS and self.device.type == "cpu":
-            self._next_index = _IndexBuild(self.slot_keys, self.slot_rows, 2 * capacity,
+            self._next_index = IndexBuild(self.slot_keys, self.slot_rows, 2 * capacity,
                                            self.num_rows, weakref.ref(self))
 
     def _install_index(self, capacity):
