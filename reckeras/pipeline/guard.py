@@ -9,7 +9,7 @@ applies the updates and the dense optimizer; else it discards them and, under
 finite (`nonfinite_parts`).
 
 The check costs one scalar read per step: each tensor's flag
-(`embedding.engine.all_finite`, one sum) stays on the device, the flags are
+(`embedding.updates.all_finite`, one sum) stays on the device, the flags are
 stacked into one, all-reduced across ranks (so that every rank applies or
 skips together: one rank's NaN is every rank's) and read once.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from reckeras import distributed
-from reckeras.embedding.engine import all_finite
+from reckeras.embedding.updates import all_finite
 
 
 class NonFiniteStepError(FloatingPointError):
