@@ -278,14 +278,19 @@ def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
           + (f", nominal peak {H200_PEAK_GBPS:.0f} GB/s" if device.type == "cuda" else ""))
     print(f"kernel_{name}_{dtype_name}_copy_gbps={peak:.0f}")
     for key, (label, fn, nbytes) in figures.items():
-        fn()
+        prefix = f"kernel_{name}_{dtype_name}_{key}"
+        try:
+            fn()
+        except Exception as error:     # noqa: BLE001 - reported, the other kernels go on
+            message = str(error).splitlines()[0][:200] if str(error) else ""
+            print(f"{prefix}_error={type(error).__name__}: {message}", flush=True)
+            continue
         seconds = min(timed(fn, device)[0] for _ in range(10))
         gbps = nbytes / seconds / 1e9
         nominal = (f"{100 * gbps / H200_PEAK_GBPS:5.1f}% of nominal, "
                    if device.type == "cuda" else "")
         print(f"  {label:30s} {seconds * 1e6:10.1f} us {gbps:8.1f} GB/s  {nominal}"
               f"{100 * gbps / peak:5.1f}% of copy", flush=True)
-        prefix = f"kernel_{name}_{dtype_name}_{key}"
         print(f"{prefix}_us={seconds * 1e6:.1f}\n{prefix}_gbps={gbps:.1f}")
         if device.type == "cuda":
             print(f"{prefix}_of_peak={gbps / H200_PEAK_GBPS:.4f}", flush=True)

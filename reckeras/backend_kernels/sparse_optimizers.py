@@ -334,8 +334,32 @@ def update_triton(kind: int, weights: torch.Tensor, state: torch.Tensor,
     """
     starts = torch.arange(rows.numel(), device=rows.device)
     _launch(kind, weights, state, rows,
-            (grads, grads, grads, grads, starts, starts + 1, False, 1),
+            (grads, grads, grads, grads, starts, starts + 1, False, direct_block_n()),
             (lr, eps, beta1, beta2, weight_decay, round_seed))
+
+
+def direct_block_n() -> int:
+    """BLOCK_N of the update kernel reading one gradient row per table row.
+
+    One would do (a segment is one row long), but Triton 3.6's compiler
+    fails on that kernel with BLOCK_N=1 and direct rows for sm_90
+    (`TritonGPURemoveLayoutConversions`: "PassManager::run failed"; found
+    by the first GPU check, reproduced here by
+    `tests/backend_kernels/compile_kernels.py`); Triton 3.9 compiles it. So
+    before 3.9 the kernel takes two lanes a row, one of them masked off.
+
+    Returns:
+        1 on Triton 3.9 and later, else 2.
+
+    Example:
+
+    ```python
+    direct_block_n()   # 2 on Triton 3.6
+    ```
+    """
+    import triton
+    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    return 1 if (major, minor) >= (3, 9) else 2
 
 
 def aggregate_and_update_triton(kind: int, weights: torch.Tensor, state: torch.Tensor,
