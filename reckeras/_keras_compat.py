@@ -314,3 +314,20 @@ def called_once_on_outputs_of(layer: keras.layers.Layer,
         return False
     parents = nodes[0].parent_nodes
     return bool(parents) and all(parent.operation is source for parent in parents)
+
+
+def metrics_in_order(model: keras.Model, logs: dict) -> Any:
+    """`logs` as the list Keras's `evaluate` and `*_on_batch` return.
+
+    Keras orders the values by its metrics (the loss first, then the
+    compiled metrics), not by the dict's order, which differs between Keras
+    releases (3.10 puts the compiled metrics first).
+
+    Args:
+        model: the compiled model.
+        logs: `{name: value}` of its metrics.
+
+    Returns:
+        The values in Keras's order: a list, or the value when there is one.
+    """
+    return model._flatten_metrics_in_order(logs)

@@ -231,3 +231,16 @@ def test_init_functional_model_does_not_rebase_classes():
     assert model.compiled is False and model.train_function is None   # the trainer's state
     model.compile(optimizer="sgd", loss="mse")
     np.testing.assert_allclose(model.predict(np.ones((3, 2)), verbose=0).shape, (3, 1))
+
+
+def test_metrics_in_order_puts_the_loss_first_whatever_the_dict_order():
+    import keras
+
+    from reckeras import _keras_compat
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(inputs))
+    model.compile(loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+    model.evaluate(np.zeros((4, 2), "float32"), np.array([0, 1, 0, 1], "float32"),
+                   verbose=0)     # builds the compiled metrics
+    assert _keras_compat.metrics_in_order(model, {"auc": 0.5, "loss": 0.7}) == [0.7, 0.5]
+    assert _keras_compat.metrics_in_order(model, {"loss": 0.7}) == 0.7

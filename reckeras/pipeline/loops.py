@@ -187,20 +187,21 @@ def synced_metrics_result(model: keras.Model) -> dict[str, float]:
             for name, value in model.get_metrics_result().items()}
 
 
-def returned_logs(logs: dict, return_dict: bool) -> Any:
-    """What `evaluate` and `test_on_batch` return, as Keras does.
+def returned_logs(model: keras.Model, logs: dict, return_dict: bool) -> Any:
+    """What `evaluate` and the `*_on_batch` methods return, as Keras does.
 
     Args:
+        model: the compiled model (its metrics give the list's order).
         logs: `{name: value}`.
         return_dict: return the dict itself.
 
     Returns:
-        `logs`, or its values: a list, or a scalar when there is one.
+        `logs`, or its values in Keras's order: a list, or a scalar when
+        there is one.
     """
     if return_dict:
         return logs
-    values = list(logs.values())
-    return values[0] if len(values) == 1 else values
+    return _keras_compat.metrics_in_order(model, logs)
 
 
 def _callback_list(model, callbacks, verbose, epochs, steps, add_history=False, **params):
@@ -403,7 +404,7 @@ def evaluate(model: keras.Model, x: Any, y: Any, batch_size: int | None,
             callback_list.on_test_batch_end(step, logs)
     logs = synced_metrics_result(model)
     callback_list.on_test_end(logs)
-    return returned_logs(logs, return_dict)
+    return returned_logs(model, logs, return_dict)
 
 
 def predict(model: keras.Model, x: Any, batch_size: int | None, verbose: int | str,

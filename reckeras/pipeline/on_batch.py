@@ -144,7 +144,7 @@ class OnBatchMethods:
                     self.train_step(batch.data)
         finally:
             self.eval()
-        return loops.returned_logs(loops.synced_metrics_result(self), return_dict)
+        return loops.returned_logs(self, loops.synced_metrics_result(self), return_dict)
 
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
                       return_dict: bool = False) -> Any:
@@ -176,7 +176,7 @@ class OnBatchMethods:
         with torch.no_grad(), stream as batches:
             for batch in batches:
                 self.test_step(batch.data)
-        return loops.returned_logs(loops.synced_metrics_result(self), return_dict)
+        return loops.returned_logs(self, loops.synced_metrics_result(self), return_dict)
 
     def predict_on_batch(self, x: Any) -> Any:
         """The model's outputs for one batch, as numpy, like
