@@ -20,12 +20,14 @@ def run(code_or_script, *args):
 
 @requires_triton
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="the CUDA run compiles them for real")
+@pytest.mark.slow
 def test_every_kernel_compiles_for_sm90():
     pytest.importorskip("triton.backends.nvidia")
     result = run(str(HERE / "compile_kernels.py"), "90")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_importing_the_kernel_modules_defines_no_triton_kernel():
     result = run("import reckeras.backend_kernels.pooling\n"
                  "import reckeras.backend_kernels.aggregation as a\n"
