@@ -27,8 +27,8 @@ columns = rk.layers.FeatureColumns([rk.features.Numeric("I1"),
 
 import importlib
 
-from reckeras._backend import BackendError, select_torch_backend
 from reckeras import _lazy
+from reckeras._backend import BackendError, select_torch_backend
 from reckeras._lazy import after_import
 
 select_torch_backend()
@@ -43,7 +43,8 @@ _NAMES = {"Model": "reckeras.pipeline.model", "NonFiniteStepError": "reckeras.pi
 _KERAS_FACING = ("reckeras.layers", "reckeras.callbacks", "reckeras.metrics",
                  "reckeras.optimizers", "reckeras.models", "reckeras.pipeline.model")
 
-__all__ = ["BackendError", "Model", "NonFiniteStepError", *_SUBMODULES]
+__all__ = ["BackendError", "Model", "NonFiniteStepError"]
+__all__.extend(_SUBMODULES)
 
 
 def __getattr__(name: str) -> object:

@@ -81,7 +81,7 @@ def tune_malloc() -> bool:
     return tuned
 
 
-_tuned_libc = None
+_tuned_libc: ctypes.CDLL | None = None
 
 
 def _glibc() -> ctypes.CDLL:

@@ -111,7 +111,9 @@ class _ThenCall(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         self._loader.exec_module(module)
         # The module's own loader from now on (resource readers and the like).
-        module.__loader__ = module.__spec__.loader = self._loader
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:      # set by the import system; typeshed allows None
+            module.__spec__.loader = self._loader
         self._callback()
 
     def __getattr__(self, name: str) -> object:

@@ -75,7 +75,7 @@ class ModelCheckpoint(keras.callbacks.Callback):
         self.save_best_only = save_best_only
         self.full_every = full_every
         self.best = -math.inf if mode == "max" else math.inf
-        self.saved = []
+        self.saved: list[str] = []             # the checkpoints written, in order
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
@@ -168,8 +168,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         # The restored metric state, added to the metrics once the resumed
         # epoch's first step has built them (Keras builds compiled metrics
-        # on their first update).
-        self._pending_metrics = None
+        # on their first update): `(summed metric state, step)`.
+        self._pending_metrics: tuple[dict, int] | None = None
 
     @property
     def _record_path(self):
@@ -276,7 +276,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                              f"metrics the backup was written with")
         if not distributed.world().is_main:
             return
-        for variable, value in zip(variables, state["values"]):
+        for variable, value in zip(variables, state["values"], strict=True):
             variable.assign(variable.numpy() + np.asarray(value, dtype=variable.dtype))
         lost = [m.name for m in _metric_leaves(self.model) if not m.variables]
         if lost:
@@ -289,8 +289,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        due = self.save_freq == "epoch" or self._steps and \
-            ((epoch + 1) * self._steps) % self.save_freq == 0
+        due = self.save_freq == "epoch" or (
+            bool(self._steps) and ((epoch + 1) * self._steps) % self.save_freq == 0)
         if due:
             self._back_up(epoch + 1, 0)
 
@@ -361,7 +361,8 @@ def _summed_metric_state(model):
 def _rng_state():
     """This process's random generators as JSON lists: torch's (dropout
     without a seed draws from it; CUDA's too on a GPU), numpy's and python's."""
-    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    # numpy's global generator is what is backed up: legacy `np.random.*` draws from it.
+    kind, keys, position, has_gauss, gauss = np.random.get_state()  # noqa: NPY002
     version, internal, python_gauss = random.getstate()
     state = {"torch": torch.get_rng_state().tolist(),
              "numpy": [kind, keys.tolist(), position, has_gauss, gauss],
@@ -374,7 +375,8 @@ def _rng_state():
 def _set_rng_state(state):
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     kind, keys, position, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, gauss))
+    state_of_numpy = (kind, np.array(keys, dtype=np.uint32), position, has_gauss, gauss)
+    np.random.set_state(state_of_numpy)  # noqa: NPY002 - the global generator, as backed up
     version, internal, python_gauss = state["python"]
     random.setstate((version, tuple(internal), python_gauss))
     if "cuda" in state and torch.cuda.is_available():
@@ -415,7 +417,9 @@ class TensorBoard(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str | os.PathLike, update_freq: str | int = "epoch"):
         super().__init__()
-        if update_freq != "epoch" and not (isinstance(update_freq, int) and update_freq > 0):
+        if update_freq != "epoch" and not (isinstance(update_freq, int)
+                                           and not isinstance(update_freq, bool)
+                                           and update_freq > 0):
             raise ValueError(f"update_freq must be 'epoch' or a positive int, "
                              f"got {update_freq!r}")
         try:
@@ -437,7 +441,7 @@ class TensorBoard(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._batches += 1
-        if self.update_freq != "epoch" and self._batches % self.update_freq == 0:
+        if isinstance(self.update_freq, int) and self._batches % self.update_freq == 0:
             self._write(logs, self._batches, "batch_")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

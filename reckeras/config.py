@@ -6,13 +6,13 @@ options with `rk.config.options()` and changes them with `rk.config.set`:
 
 | option | variable | default | what it does |
 |---|---|---|---|
-| `malloc_tuning` | `RECKERAS_MALLOC_TUNING` | `True` | `fit` tunes glibc's allocator for the process |
-| `onednn_dense` | `RECKERAS_ONEDNN_DENSE` | `True` | the model's `Dense` matmuls run in oneDNN on CPU |
-| `native_kernels` | `RECKERAS_NATIVE` | `True` | the C kernels on CPU (else the torch references) |
-| `native_sanitize` | `RECKERAS_NATIVE_SANITIZE` | `False` | build the C kernels with ASan and UBSan |
-| `cache_dir` | `RECKERAS_CACHE_DIR` | `~/.cache/reckeras` | where the C kernels are compiled to |
-| `timeout_s` | `RECKERAS_TIMEOUT_S` | `300.0` | collective timeout of `rk.distributed.init` |
-| `ranks_per_node` | `RECKERAS_RANKS_PER_NODE` | `None` | ranks per node (None: torchrun's `LOCAL_WORLD_SIZE`) |
+| `malloc_tuning` | `RECKERAS_MALLOC_TUNING` | `True` | `fit` tunes glibc's allocator |
+| `onednn_dense` | `RECKERAS_ONEDNN_DENSE` | `True` | the model's `Dense` in oneDNN on CPU |
+| `native_kernels` | `RECKERAS_NATIVE` | `True` | the C kernels on CPU (else torch's) |
+| `native_sanitize` | `RECKERAS_NATIVE_SANITIZE` | `False` | C kernels built with ASan, UBSan |
+| `cache_dir` | `RECKERAS_CACHE_DIR` | `~/.cache/reckeras` | where C kernels are compiled to |
+| `timeout_s` | `RECKERAS_TIMEOUT_S` | `300.0` | `rk.distributed.init`'s timeout |
+| `ranks_per_node` | `RECKERAS_RANKS_PER_NODE` | `None` | ranks per node (or `LOCAL_WORLD_SIZE`) |
 
 A boolean variable is `1`, `true`, `yes`, `on` or `0`, `false`, `no`,
 `off` (any case); an empty variable counts as unset. A value that does not
@@ -119,7 +119,7 @@ class Options:
         Options.from_environment({"RECKERAS_TIMEOUT_S": "60"}).timeout_s   # 60.0
         ```
         """
-        found = {}
+        found: dict[str, Any] = {}           # each option's own type
         for name, variable in VARIABLES.items():
             text = environ.get(variable, "")
             if text:

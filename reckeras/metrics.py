@@ -135,7 +135,7 @@ class AUC(keras.metrics.Metric):
     def reset_state(self) -> None:
         # Each run is more than twice as long as the next, so there are at
         # most log2(distinct scores) of them.
-        self._runs = []
+        self._runs: list[_SortedRun] = []
         self._ordered_pairs = 0.0
 
     def update_state(self, y_true: Any, y_pred: Any,
@@ -198,18 +198,16 @@ class AUC(keras.metrics.Metric):
         if torch.isnan(scores).any():
             raise ValueError("AUC got a NaN score.")
         if not torch.all(torch.isfinite(weights) & (weights >= 0)):
-            bad = weights[~(torch.isfinite(weights) & (weights >= 0))][0]
+            bad_weight = weights[~(torch.isfinite(weights) & (weights >= 0))][0]
             raise ValueError(
                 f"AUC sample weights must be finite and non-negative; got "
-                f"{bad.item()}.")
+                f"{bad_weight.item()}.")
 
     def result(self) -> Any:
         positive = sum(float(run.cum_positive[-1]) for run in self._runs)
         negative = sum(float(run.cum_negative[-1]) for run in self._runs)
-        if positive > 0 and negative > 0:
-            auc = self._ordered_pairs / (positive * negative)
-        else:
-            auc = 0.0
+        both = positive > 0 and negative > 0
+        auc = self._ordered_pairs / (positive * negative) if both else 0.0
         return keras.ops.convert_to_tensor(auc, dtype=self.dtype)
 
     def sync_across_ranks(self) -> None:
@@ -223,7 +221,8 @@ class AUC(keras.metrics.Metric):
         runs = [run for part in _gather(local) for run in part]
         self.reset_state()
         if runs:
-            merged = _SortedRun.from_weights(*(torch.cat(parts) for parts in zip(*runs)))
+            scores, positive, negative = (torch.cat(parts) for parts in zip(*runs, strict=True))
+            merged = _SortedRun.from_weights(scores, positive, negative)
             self._runs = [merged]
             self._ordered_pairs = merged.ordered_pairs_within()
 
@@ -264,7 +263,8 @@ class GAUC(keras.metrics.Metric):
         self.reset_state()
 
     def reset_state(self) -> None:
-        self._parts = []
+        # (groups, labels, scores) of every batch seen, on the host.
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None,
                      groups: Any = None) -> None:
@@ -306,7 +306,7 @@ class GAUC(keras.metrics.Metric):
     def result(self) -> Any:
         if not self._parts:
             return keras.ops.convert_to_tensor(0.0, dtype=self.dtype)
-        groups, labels, scores = (np.concatenate(c) for c in zip(*self._parts))
+        groups, labels, scores = (np.concatenate(c) for c in zip(*self._parts, strict=True))
         order = np.lexsort((scores, groups))
         groups, labels, scores = groups[order], labels[order], scores[order]
         n = len(groups)

@@ -11,7 +11,7 @@ so a row's update depends only on the batches that touched it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import keras
 import torch
@@ -41,7 +41,8 @@ class SparseOptimizer:
     ```
     """
 
-    kind = None            # the update rule in `backend_kernels.sparse_optimizers`
+    # The update rule in `backend_kernels.sparse_optimizers`; each subclass sets it.
+    kind: ClassVar[int]
 
     def __init__(self, learning_rate: float):
         if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
@@ -325,8 +326,10 @@ class AdamW(_AdamBase):
     default_weight_decay = 0.01
 
 
-_BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad,
-            "adam": Adam, "adamw": AdamW}
+# Each built-in rule has a default learning rate (the base class has none).
+_BY_NAME: dict[str, type[SGD | _AdagradBase | _AdamBase]] = {
+    "sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam,
+    "adamw": AdamW}
 
 
 def get(identifier: SparseOptimizer | str | dict[str, Any]) -> SparseOptimizer:

@@ -111,6 +111,7 @@ STAGES = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not GLIBC, reason="the settings exist only in glibc")
+@pytest.mark.slow
 def test_import_leaves_the_allocator_alone_and_fit_tunes_it_when_asked():
     environment = {k: v for k, v in os.environ.items() if k != "RECKERAS_MALLOC_TUNING"}
     result = subprocess.run([sys.executable, "-c", STAGES], capture_output=True, text=True,

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import keras
+import pytest
 
 
 def run(code, **env):
@@ -12,6 +13,7 @@ def run(code, **env):
                           env=environment, timeout=120)
 
 
+@pytest.mark.slow
 def test_import_selects_torch_backend():
     assert keras.backend.backend() == "torch"
     result = run("import reckeras, keras; print(keras.backend.backend())")

@@ -42,6 +42,12 @@ def test_model_checkpoint_best_only_and_reload(tmp_path):
         rk.callbacks.ModelCheckpoint(template, mode="up")
 
 
+@pytest.mark.parametrize("update_freq", [0, True, "batch"])
+def test_tensorboard_refuses_a_bad_update_freq(tmp_path, update_freq):
+    with pytest.raises(ValueError, match="update_freq must be 'epoch' or a positive int"):
+        rk.callbacks.TensorBoard(tmp_path, update_freq=update_freq)
+
+
 def test_tensorboard_event_files_are_readable(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     x, y = data()

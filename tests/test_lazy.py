@@ -10,6 +10,7 @@ import textwrap
 
 import keras
 import numpy as np
+import pytest
 
 import reckeras as rk
 
@@ -23,6 +24,7 @@ def run(code, **env):
     return result.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_one_finder_waits_for_keras_then_registers_and_goes():
     lines = run("""
         import sys
@@ -41,6 +43,7 @@ def test_one_finder_waits_for_keras_then_registers_and_goes():
                      "True False", "False False", "reckeras.layers.mlp"]
 
 
+@pytest.mark.slow
 def test_with_keras_already_imported_nothing_is_added():
     lines = run("""
         import sys

@@ -32,7 +32,7 @@ from reckeras.datasets._csv import from_csv
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._orc import from_orc
 from reckeras.datasets._parquet import from_parquet
-from reckeras.datasets._registry import generate, list, load
+from reckeras.datasets._registry import generate, list, load  # noqa: A004 - rk.datasets.list
 from reckeras.datasets.taobao import taobao_user_behavior
 
 __all__ = ["Dataset", "criteo_tsv", "from_csv", "from_orc", "from_parquet",

@@ -20,12 +20,11 @@ import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset, rows_of
-from reckeras.datasets._files import (BadFiles, Located, file_error,
-                                      lines_before_break, locate)
+from reckeras.datasets._files import BadFiles, Located, file_error, lines_before_break, locate
 
 NUMERIC_COLUMNS = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_COLUMNS = [f"C{i}" for i in range(1, 27)]
-COLUMNS = [LABEL] + NUMERIC_COLUMNS + CATEGORICAL_COLUMNS
+COLUMNS = [LABEL, *NUMERIC_COLUMNS, *CATEGORICAL_COLUMNS]
 SCHEMA = pa.schema(
     [pa.field(LABEL, pa.int64())]
     + [pa.field(name, pa.int64()) for name in NUMERIC_COLUMNS]
@@ -44,7 +43,7 @@ _DECIMAL = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 _BLOCK_BYTES = 16 << 20
 
 
-class _BadCount(Exception):
+class _UnparsedCountError(Exception):
     """A count that is neither an integer nor a whole decimal."""
 
     def __init__(self, row: int, value: str):
@@ -54,7 +53,7 @@ class _BadCount(Exception):
 
 
 def _counts(text: pa.ChunkedArray) -> pa.ChunkedArray:
-    """int64 counts of a text column; raises `_BadCount` for the first bad one."""
+    """int64 counts of a text column; raises `_UnparsedCountError` for the first bad one."""
     try:
         return text.cast(pa.int64())
     except pa.ArrowInvalid:
@@ -67,7 +66,7 @@ def _counts(text: pa.ChunkedArray) -> pa.ChunkedArray:
     bad = pc.and_(pc.is_valid(text), pc.invert(pc.fill_null(whole, False)))
     if pc.any(bad).as_py():
         row = pc.index(bad, True).as_py()
-        raise _BadCount(row, text[row].as_py())
+        raise _UnparsedCountError(row, text[row].as_py())
     return numbers.cast(pa.int64())
 
 
@@ -106,7 +105,7 @@ class _CriteoTsvSource:
         self.files = located.paths
         self.schema = SCHEMA
         self.bad_files = bad_files
-        self._unit_rows = None
+        self._unit_rows: list[int] | None = None
 
     def unit_rows(self) -> list[int]:
         # Counting lines needs a pass over the files, so it waits until a
@@ -133,9 +132,9 @@ class _CriteoTsvSource:
                     tabs += chunk.count(b"\t")
                     last = chunk[-1:]
         except OSError as error:
-            lines = lines_before_break(self._filesystem, path)
-            raise file_error(path, error, None if lines is None
-                             else f"after line {lines}") from error
+            whole_lines = lines_before_break(self._filesystem, path)
+            raise file_error(path, error, None if whole_lines is None
+                             else f"after line {whole_lines}") from error
         lines += last != b"\n"
         # Every line holds 39 tabs: another total means a line that does not
         # (lines that err both ways and balance are found when read).
@@ -179,7 +178,7 @@ class _CriteoTsvSource:
                     continue
                 try:
                     counts = _counts(table[name])
-                except _BadCount as bad:
+                except _UnparsedCountError as bad:
                     raise _BadCountError(
                         f"{path}, line {first_row + bad.row + 1}, column "
                         f"{name}: count {bad.value!r} is not an integer") from None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -29,7 +29,7 @@ from reckeras.datasets._dataset import rows_of
 from reckeras.datasets._files import READ_ERRORS, BadFiles, Located, file_error
 
 # What the readers' `partitioning` takes, passed on to pyarrow.dataset.
-Partitioning = str | ds.Partitioning | ds.PartitioningFactory | None
+Partitioning: TypeAlias = str | ds.Partitioning | ds.PartitioningFactory | None
 
 # Batches decoded ahead of the reader within one unit: enough to overlap
 # decoding with the consumer, few enough that a large ORC or CSV file does
@@ -78,7 +78,7 @@ class FragmentSource:
         self.bad_files = bad_files
         self._format = file_format
         self._filesystem = located.filesystem
-        sizes = dict(zip(located.paths, located.sizes or ()))
+        sizes = dict(zip(located.paths, located.sizes, strict=True)) if located.sizes else {}
         dataset = self._open_dataset(located, partitioning)
         opened = self._open_fragments(list(dataset.get_fragments()), sizes)
         self.fragments = [fragment for fragment, _ in opened]
@@ -96,6 +96,8 @@ class FragmentSource:
         self.partition_keys = [field.name for field in partitions]
         self.read_schema = pa.schema([*self.file_schema, *partitions])
         self.schema = self.read_schema
+        # Known from the footers (parquet), or counted when first needed.
+        self._unit_rows: list[int] | None
         if isinstance(file_format, ds.ParquetFileFormat):
             self._units = [group for _, groups in opened for group in groups]
             self._unit_rows = [group.row_groups[0].num_rows
@@ -132,7 +134,8 @@ class FragmentSource:
 
     def _first_file_error(self, path: str) -> Exception | None:
         try:
-            self._format.make_fragment(path, self._filesystem).physical_schema
+            # Reading the schema opens the file and parses its footer.
+            _ = self._format.make_fragment(path, self._filesystem).physical_schema
         except READ_ERRORS as error:
             return error
         return None
@@ -152,7 +155,7 @@ class FragmentSource:
         another schema raises. Sets `file_schema`, the schema of the first
         readable file.
         """
-        opened = []
+        opened: list[tuple[ds.Fragment, list[ds.Fragment]]] = []
         for fragment in fragments:
             try:
                 schema = fragment.physical_schema.remove_metadata()

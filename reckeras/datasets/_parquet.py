@@ -17,8 +17,12 @@ import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
 from reckeras.datasets._files import BadFiles, Located, locate
-from reckeras.datasets._fragments import (METADATA_KEY, FragmentSource,
-                                          Partitioning, footer_description)
+from reckeras.datasets._fragments import (
+    METADATA_KEY,
+    FragmentSource,
+    Partitioning,
+    footer_description,
+)
 
 __all__ = ["METADATA_KEY", "from_parquet", "open_files"]
 

@@ -176,13 +176,12 @@ def generate(name: str, rows: int | None = None,
     if options:
         raise ValueError(f"generate({name!r}) takes no options "
                          f"{sorted(options)}; only {criteo_stream.NAME!r} does")
-    if name in _GENERATED:
-        _spec(name, split)
+    spec = _spec(name, split)
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ValueError(f"rows must be a positive int, got {rows!r}")
+    if spec is None:                # a dataset with a generator of its own
         _, generator = _GENERATED[name]
         return generator(rows, path, split=split, seed=seed)
-    spec = _spec(name, split)
-    if not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows must be a positive int, got {rows!r}")
     row_seed = [spec.split_seeds[split]] + ([] if seed is None else [seed])
     schema = _synth.schema(spec).with_metadata({METADATA_KEY: json.dumps(
         _synth.description(spec, split, rows, seed), sort_keys=True)})

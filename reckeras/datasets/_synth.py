@@ -380,7 +380,7 @@ class _Teacher:
             id_term += col.effect_scale * latent[:, 0]
             latents[col.name] = latent
             columns[col.name] = (self.ids_of_ranks(col.name, ranks), missing)
-        for weight, (f, g) in zip(self.pair_weight, spec.interaction_pairs):
+        for weight, (f, g) in zip(self.pair_weight, spec.interaction_pairs, strict=True):
             pair_term += weight * np.einsum("ij,ij->i", latents[f], latents[g])
         logit = spec.bias + id_term + pair_term + numeric
         prob = 1.0 / (1.0 + np.exp(-logit))
@@ -390,7 +390,7 @@ class _Teacher:
                          "numeric": numeric}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def teacher(name: str) -> _Teacher:
     """The hidden teacher of a synthetic dataset, drawn once per process.
 

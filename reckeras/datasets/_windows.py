@@ -167,4 +167,4 @@ def window_units(source: Any, by: list[str],
                 f"{missing[0]!r} (no {missing[0]}=... directory above it, or a "
                 f"null one), so it belongs to no window")
         groups.setdefault(tuple(values[key] for key in by), []).append(unit)
-    return [(dict(zip(by, value)), groups[value]) for value in sorted(groups)]
+    return [(dict(zip(by, value, strict=True)), groups[value]) for value in sorted(groups)]

@@ -47,10 +47,20 @@ import pyarrow as pa
 from reckeras.datasets._dataset import LABEL, TEACHER_PROB, Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 from reckeras.datasets._stats import roc_auc
-from reckeras.datasets._synth import (_ID_BITS, CHUNK_ROWS, SPECS, chunks,
-                                      draw_numerics, draw_ranks, numeric_term,
-                                      popularity, schema, scatter_ids, table_of,
-                                      write_tables)
+from reckeras.datasets._synth import (
+    _ID_BITS,
+    CHUNK_ROWS,
+    SPECS,
+    chunks,
+    draw_numerics,
+    draw_ranks,
+    numeric_term,
+    popularity,
+    scatter_ids,
+    schema,
+    table_of,
+    write_tables,
+)
 
 NAME = "criteo_stream"
 TEACHER_SEED = 20_261_216
@@ -163,7 +173,8 @@ class DayTeacher:
             latents[col.name] = self._latent_of(col.name, ids, missing)
             logit = logit + (col.effect_scale * self.weights[col.name]
                              * latents[col.name][:, 0])
-        for weight, (f, g) in zip(self.common.pair_weight, spec.interaction_pairs):
+        for weight, (f, g) in zip(self.common.pair_weight, spec.interaction_pairs,
+                                  strict=True):
             logit = logit + weight * np.einsum("ij,ij->i", latents[f], latents[g])
         return logit
 
@@ -241,7 +252,7 @@ class DayTeacher:
         chosen = rng.choice(len(_FEATURES), REWEIGHTED_PER_DAY, replace=False)
         factors = rng.uniform(*_WEIGHT_FACTOR_RANGE, size=REWEIGHTED_PER_DAY)
         reweighted = {_FEATURES[i]: round(float(f), 4)
-                      for i, f in zip(sorted(chosen), factors[np.argsort(chosen)])}
+                      for i, f in zip(sorted(chosen), factors[np.argsort(chosen)], strict=True)}
         return DayTeacher(self.day + 1, slots, next_slot, latent,
                           {**self.weights, **reweighted}, replaced, reweighted,
                           self.common)

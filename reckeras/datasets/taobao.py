@@ -185,7 +185,7 @@ class _Teacher:
         }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _teacher() -> _Teacher:
     return _Teacher()
 

@@ -324,7 +324,7 @@ def encode(specs: _Sequence[Any],
     if table.num_rows == 0:
         raise FeatureInputError("empty batch: it has no rows")
     layout = _layout_of(specs, table.schema)
-    inputs = {}
+    inputs: dict[str, np.ndarray] = {}
     one_by_one = layout.one_by_one
     for block in layout.blocks:
         selected = table.select(block.positions)
@@ -339,7 +339,7 @@ def encode(specs: _Sequence[Any],
             raise FeatureInputError(f"feature {block.names[column]!r}: column holds "
                                     f"+-inf")
         # The rows of the transposed view are the matrix's columns (views of it).
-        inputs.update(zip(block.names, matrix.T))
+        inputs.update(zip(block.names, matrix.T, strict=True))
     lengths = {}                       # the lengths that are not all 1
     positions = layout.positions
     for spec in one_by_one:            # host side, once per column and batch
@@ -360,7 +360,7 @@ def encode(specs: _Sequence[Any],
                 _column(table, positions, spec, spec.weights)
             inputs[spec.name], lengths[spec.name], row_weights = _sequence(
                 spec, column, weights)
-            if row_weights is not None:
+            if spec.weights is not None and row_weights is not None:
                 inputs[spec.weights] = row_weights
     carried = layout.carried
     if carried and not lengths:
@@ -482,17 +482,18 @@ def as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     tensors = as_tensors(encode(specs, batch))
     ```
     """
-    blocks = {}             # id(matrix) -> (its address, its columns as tensors)
-    tensors = {}
+    # id(matrix) -> (its address, its columns as tensors)
+    blocks: dict[int, tuple[int, tuple[torch.Tensor, ...]]] = {}
+    tensors: dict[str, torch.Tensor] = {}
     for name, value in inputs.items():
         base = value.base
-        block = blocks.get(id(base))
-        if block is None and isinstance(base, np.ndarray) and base.ndim == 2 and \
-                base.flags.f_contiguous:
-            # A column-major matrix: every column a view of one tensor, made in one call.
-            block = blocks[id(base)] = (base.ctypes.data, torch.from_numpy(
-                np.require(base, requirements="W")).unbind(1))
-        if block is not None and _is_column(value, base):
+        if isinstance(base, np.ndarray) and base.ndim == 2 and base.flags.f_contiguous \
+                and _is_column(value, base):
+            block = blocks.get(id(base))
+            if block is None:
+                # A column-major matrix: every column a view of one tensor, made in one call.
+                block = blocks[id(base)] = (base.ctypes.data, torch.from_numpy(
+                    np.require(base, requirements="W")).unbind(1))
             address, columns = block
             tensors[name] = columns[(value.ctypes.data - address) // base.strides[1]]
         else:

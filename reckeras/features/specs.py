@@ -6,6 +6,7 @@ FeatureColumns layer compiles a list of them into one transform plan.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence as _Sequence
 from typing import Any
@@ -50,9 +51,14 @@ class FeatureSpec:
     ```
     """
 
-    _fields = ()
+    _fields: tuple[str, ...] = ()
     sparse = True
-    pooled = True
+    name: str                       # every spec's constructor sets it
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the feature is one vector per example (a `Sequence` may not be)."""
+        return True
 
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments of the spec.
@@ -188,7 +194,7 @@ class Categorical(FeatureSpec):
             if not boundaries or any(not math.isfinite(b) for b in boundaries):
                 raise ValueError(f"feature {name!r}: boundaries must be a non-empty "
                                  f"list of finite numbers")
-            if any(a >= b for a, b in zip(boundaries, boundaries[1:])):
+            if any(a >= b for a, b in itertools.pairwise(boundaries)):
                 raise ValueError(f"feature {name!r}: boundaries must be strictly "
                                  f"increasing, got {boundaries}")
             dtype = "float32"

@@ -67,7 +67,7 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
     x0 = keras.ops.concatenate([dense, embedded], axis=1)
     crossed = CrossNet(cross_layers, low_rank=low_rank)(x0)
     if structure == "stacked":
-        output = MLP(list(deep_units) + [1],
+        output = MLP([*deep_units, 1],
                      output_activation=output_activation)(crossed)
     else:
         deep = MLP(list(deep_units), output_activation="relu")(x0)

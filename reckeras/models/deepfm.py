@@ -80,7 +80,7 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
         first_order = first_order + MLP([1])(dense)
     second_order = FM()(factors)
     flat = keras.ops.reshape(factors, (-1, factors.shape[1] * factors.shape[2]))
-    deep = MLP(list(deep_units) + [1], dropout=dropout)(
+    deep = MLP([*deep_units, 1], dropout=dropout)(
         keras.ops.concatenate([dense, flat], axis=1))
     output = keras.layers.Activation(output_activation)(
         first_order + second_order + deep)

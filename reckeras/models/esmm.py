@@ -44,7 +44,7 @@ def check_units(model: str, argument: str, units: Any,
     """
     if (not isinstance(units, (list, tuple))
             or not all(isinstance(u, numbers.Integral) and not isinstance(u, bool)
-                       and u > 0 for u in units)
+                       and int(u) > 0 for u in units)
             or (not units and not allow_empty)):
         kind = "a list" if allow_empty else "a non-empty list"
         raise ValueError(f"{model}: {argument} must be {kind} of positive ints "
@@ -176,7 +176,7 @@ def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
     cvr = rk.Model(model.input, model.get_layer("cvr").output)  # pCVR
     ```
     """
-    units = check_units("esmm", "tower_units", tower_units) + [1]
+    units = [*check_units("esmm", "tower_units", tower_units), 1]
     if (not isinstance(dropout, numbers.Real) or isinstance(dropout, bool)
             or not 0.0 <= dropout < 1.0):
         raise ValueError(f"esmm: dropout must be a rate in [0, 1), got {dropout!r}")

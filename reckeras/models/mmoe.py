@@ -106,7 +106,7 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
         raise ValueError(f"mmoe: num_experts must be an int >= 2 (one expert needs "
                          f"no gate: that is a shared-bottom model), got {num_experts!r}")
     expert_units = check_units("mmoe", "expert_units", expert_units, allow_empty=False)
-    tower_units = check_units("mmoe", "tower_units", tower_units) + [1]
+    tower_units = [*check_units("mmoe", "tower_units", tower_units), 1]
     if (not isinstance(dropout, numbers.Real) or isinstance(dropout, bool)
             or not 0.0 <= dropout < 1.0):
         raise ValueError(f"mmoe: dropout must be a rate in [0, 1), got {dropout!r}")

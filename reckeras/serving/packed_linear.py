@@ -144,9 +144,10 @@ def _only_user(node):
 
 def _constant(program: torch.fx.GraphModule, node):
     """The tensor a `get_attr` node reads, or None for anything else."""
-    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr" \
+            or not isinstance(node.target, str):
         return None
-    value = program
+    value: object = program
     for part in node.target.split("."):
         value = getattr(value, part, None)
     return value if isinstance(value, torch.Tensor) else None

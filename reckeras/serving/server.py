@@ -373,4 +373,6 @@ def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
     return Starlette(routes=[Route("/predict", predict, methods=["POST"]),
                              Route("/health", health, methods=["GET"]),
                              Route("/metadata", describe, methods=["GET"])],
-                     exception_handlers={HTTPException: http_error})
+                     # Starlette types every handler as taking any Exception; it
+                     # calls this one, registered for HTTPException, with those only.
+                     exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]

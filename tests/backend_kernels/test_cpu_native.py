@@ -251,6 +251,7 @@ SANITIZER_CASES = {
 
 @requires_asan
 @pytest.mark.parametrize("case", sorted(SANITIZER_CASES))
+@pytest.mark.slow
 def test_the_sanitized_build_catches_what_the_wrappers_refuse(case):
     calls, report = SANITIZER_CASES[case]
     # The module alone, by its path: importing the reckeras package would

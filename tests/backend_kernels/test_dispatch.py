@@ -33,6 +33,7 @@ def probe(interpret):
 
 
 @requires_triton
+@pytest.mark.slow
 def test_triton_on_cpu_needs_the_interpreter_from_the_first_import():
     assert probe(interpret=True) == ["True", "True False"]
     compiled = probe(interpret=False)

@@ -22,12 +22,14 @@ def run(code_or_script, *args):
 
 @requires_triton
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="the CUDA run compiles them for real")
+@pytest.mark.slow
 def test_every_kernel_compiles_for_sm90():
     pytest.importorskip("triton.backends.nvidia")
     result = run(str(HERE / "compile_kernels.py"), "90")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_importing_reckeras_defines_no_triton_kernel_and_imports_no_triton():
     result = run("import sys\n"
                  "import reckeras\n"

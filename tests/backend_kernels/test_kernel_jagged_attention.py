@@ -160,6 +160,7 @@ def test_triton_rejects_huge_heads():
 
 @requires_triton
 @pytest.mark.parametrize("norm_first,causal", [(True, False), (False, True)])
+@pytest.mark.slow
 def test_transformer_block_through_the_kernel(monkeypatch, norm_first, causal):
     """The layer gives the same values and gradients on either path."""
     import reckeras  # noqa: F401  (selects the torch backend before keras)

@@ -12,6 +12,8 @@ import torch
 import baselines
 from workloads import NUM_DENSE, WORKLOADS, make_batches, to_arrow
 
+pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
+
 
 @pytest.mark.parametrize("floor", [False, True], ids=["model", "floor"])
 @pytest.mark.parametrize("system", sorted(baselines.BASELINES))

@@ -4,9 +4,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cache  # noqa: E402
+
+pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
 
 
 def test_small_run_gives_hit_rates_and_throughput():

@@ -10,6 +10,8 @@ import checkpoint_delta  # noqa: E402  (benchmarks/ is on the path: conftest)
 
 import reckeras as rk  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
+
 
 def test_rows_per_day_and_the_median_ratio(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(sys, "argv", ["checkpoint_delta.py", "--rows-per-day", "3000",

@@ -8,7 +8,8 @@ import torch
 import dense_matmul as bench
 from reckeras.backend_kernels import dense_matmul
 
-pytestmark = pytest.mark.skipif(not dense_matmul.available(), reason="torch without oneDNN")
+pytestmark = [pytest.mark.skipif(not dense_matmul.available(), reason="torch without oneDNN"),
+              pytest.mark.slow]  # runs the benchmarks' workloads
 
 
 def test_both_sides_compute_each_product_of_a_layer():

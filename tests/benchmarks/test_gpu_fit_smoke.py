@@ -5,7 +5,11 @@ benchmarks/gpu_check.sh's)."""
 import re
 import statistics
 
+import pytest
+
 import gpu_fit
+
+pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
 
 
 def test_reports_both_systems_and_the_median_pair_ratio(small_workload, capsys):

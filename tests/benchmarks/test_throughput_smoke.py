@@ -11,6 +11,8 @@ import baselines
 import throughput
 from workloads import make_batches
 
+pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
+
 
 def _dense_kernel_shapes(model):
     return [tuple(layer.kernel.shape) for layer in model.layers

@@ -12,6 +12,8 @@ import zoo  # noqa: E402
 
 import reckeras as rk  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
+
 
 def test_multitask_rows_report_both_tasks(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["zoo.py", "--models", "esmm", "mmoe",

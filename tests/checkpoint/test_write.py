@@ -15,6 +15,8 @@ import pytest
 import reckeras as rk
 from reckeras.checkpoint import CheckpointError
 
+pytestmark = pytest.mark.slow  # trains and checkpoints chains of models
+
 
 def data(n=800, seed=0, shift=0):
     """Ids of "a" and "b" move by `shift`: a later window's new ids."""

@@ -337,6 +337,7 @@ class TestCsv:
         skipping = rkd.from_csv(tmp_path / "d", on_bad_file="skip")
         np.testing.assert_array_equal(csv_keys(skipping), np.arange(2 * ROWS))
 
+    @pytest.mark.slow
     def test_value_that_does_not_fit_skips_the_rest_of_the_file(self, tmp_path):
         paths = self.write(tmp_path / "d", parts=2)
         # 8 MiB: pyarrow decodes blocks of 1 MiB, a few ahead of the reader.

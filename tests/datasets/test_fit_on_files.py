@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import reckeras as rk
 import reckeras.datasets as rkd
@@ -26,6 +27,7 @@ def compile_dlrm(features, seed=0):
     return model
 
 
+@pytest.mark.slow
 def test_fit_on_csv_with_a_list_column(tmp_path):
     rng = np.random.default_rng(0)
     rows = 3000
@@ -55,6 +57,7 @@ def test_fit_on_csv_with_a_list_column(tmp_path):
     assert model.predict(data, batch_size=500).shape == (rows, 1)
 
 
+@pytest.mark.slow
 def test_fit_on_hive_partitions_with_the_partition_as_a_feature(tmp_path):
     rng = np.random.default_rng(1)
     days = ["2026-11-29", "2026-11-30", "2026-12-01"]

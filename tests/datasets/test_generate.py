@@ -44,6 +44,8 @@ def test_metadata_and_progress_bar(tmp_path, capsys):
     (("nope", 10), "criteo_synth"),
     (("criteo_synth", 0), "rows"),
     (("criteo_synth", 10.5), "rows"),
+    (("criteo_synth", True), "rows must be a positive int"),
+    (("taobao_synth", None), "rows must be a positive int"),
 ])
 def test_bad_arguments(tmp_path, args, message):
     with pytest.raises(ValueError, match=message):

@@ -10,6 +10,8 @@ import pytest
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 HAND_COUNTS = [[18, 0, 18], [2, 0, 20], [2, 1, 21], [2, 5, 18]]   # test_aging.py's
 
 

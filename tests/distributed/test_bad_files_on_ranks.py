@@ -13,8 +13,11 @@ import os
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from launch import torchrun
+
+pytestmark = pytest.mark.slow  # spawns torchrun processes
 
 FILES, ROWS, GROUP_ROWS = 4, 256, 64
 

@@ -13,6 +13,8 @@ import pytest
 from launch import torchrun
 from reckeras.backend_kernels import cpu_native
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 
 def load(path):
     with np.load(path) as f:

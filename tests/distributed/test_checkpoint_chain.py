@@ -11,6 +11,8 @@ from safetensors.numpy import load_file
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

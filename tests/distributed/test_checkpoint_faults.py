@@ -17,6 +17,8 @@ from launch import torchrun
 from reckeras.checkpoint import CheckpointError
 from workers import damage
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 
 def data(n=1500, seed=0):
     rng = np.random.default_rng(seed)

@@ -8,6 +8,8 @@ import pytest
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 KILL_RANK, KILL_STEP = 1, 6      # before step 6 of epoch 1 (8 steps an epoch)
 # Backups every 3 global steps: the last before the kill is after global
 # step 12, i.e. 4 steps into epoch 1.

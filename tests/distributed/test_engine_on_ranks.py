@@ -7,6 +7,8 @@ import pytest
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 
 @pytest.mark.parametrize("mode, env", [
     ("device", {}),

@@ -1,6 +1,10 @@
 """A hung rank or mismatched configs fail clearly instead of hanging."""
 
+import pytest
+
 from launch import torchrun
+
+pytestmark = pytest.mark.slow  # spawns torchrun processes
 
 
 def test_hung_rank_makes_others_fail_within_timeout():

@@ -8,6 +8,8 @@ import pytest
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 
 def run(tmp_path, nproc):
     path = tmp_path / f"multitask{nproc}.json"

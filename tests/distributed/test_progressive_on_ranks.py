@@ -8,6 +8,8 @@ import pytest
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 DATES = ["2026-12-01", "2026-12-02", "2026-12-03"]
 
 

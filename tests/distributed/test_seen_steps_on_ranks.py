@@ -13,6 +13,8 @@ from reckeras.backend_kernels.hashing import mix64
 from reckeras.embedding.packing import table_salt
 from workers import common
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 STEPS = len(common.data()) // common.GLOBAL_BATCH
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 TIMEOUT_S = 5          # the workers' distributed.init(timeout_s=...)
 MARGIN_S = 3           # a loaded 2-core machine
 

@@ -5,6 +5,8 @@ import pytest
 
 from launch import torchrun
 
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
 
 def load(path):
     with np.load(path) as f:

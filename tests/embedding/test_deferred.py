@@ -126,6 +126,7 @@ def backward_path(request, monkeypatch):
 @pytest.mark.parametrize("lifecycle", [False, True], ids=["plain", "lifecycle"])
 @pytest.mark.parametrize("storage", sorted(STORAGES))
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.slow
 def test_deferred_then_applied_equals_immediate(optimizer, storage, lifecycle,
                                                 backward_path):
     options = options_for(storage, lifecycle)
@@ -295,6 +296,7 @@ def test_leaving_the_block_without_apply_discards_and_unpins():
                    for a, b in zip(engine.table_states(), before))
 
 
+@pytest.mark.slow
 def test_two_lookups_before_one_deferred_backward_equal_immediate():
     """A layer called twice in a step (shared towers): both updates queue, in
     backward order, and the second lookup's rows stay pinned until apply."""

@@ -181,6 +181,7 @@ def rows_of(model):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.slow
 def test_checkpoint_round_trip_full_and_delta(dtype, tmp_path):
     model = model_with(dtype)
     model.fit(logs(), batch_size=100, epochs=1, verbose=0)

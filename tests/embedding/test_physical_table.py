@@ -113,6 +113,7 @@ def test_a_load_into_a_reserved_table_then_growth(monkeypatch):
                                initial_rows(torch.arange(700), 2, 0.05, 1))
 
 
+@pytest.mark.slow
 def test_the_index_is_built_ahead_in_the_background(monkeypatch):
     from reckeras.embedding import physical_table as table_module
     monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
@@ -208,6 +209,7 @@ print("leaving while the build runs")
 """
 
 
+@pytest.mark.slow
 def test_a_process_that_ends_during_a_background_build_exits_cleanly(tmp_path):
     # Without the exit hook the build's daemon thread, left inside a parallel
     # torch op, aborted the interpreter's finalization (exit code 134).

@@ -72,6 +72,7 @@ ALL_CACHED = {"a": cached(16), "b": cached(14), "c": cached(16), "h": cached(22)
 
 @pytest.mark.parametrize("policy", ["lfu", "lru"])
 @pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.slow
 def test_cached_training_equals_all_on_device(policy, prefetch):
     reference, expected = train({})
     options = {name: cached(o.cache_rows, policy) for name, o in ALL_CACHED.items()}
@@ -189,6 +190,7 @@ def test_host_allocation_failure_names_the_table(monkeypatch):
         step(plan, engine, raw)
 
 
+@pytest.mark.slow
 def test_two_lookups_before_one_backward_keep_each_others_rows():
     """A layer called twice in a step (shared towers): the second lookup may
     not evict the rows the first one's backward will update."""
@@ -224,6 +226,7 @@ def test_pins_of_a_lookup_without_backward_are_released():
 @settings(max_examples=12, deadline=None)
 @given(policy=st.sampled_from(["lfu", "lru"]), extra=st.integers(0, 30),
        seed=st.integers(0, 1000), plan_seed=st.integers(0, 1000))
+@pytest.mark.slow
 def test_any_interleaving_of_prefetches_and_inference_stays_exact(policy, extra, seed,
                                                                   plan_seed):
     """Prefetches of batches 1-3 ahead (as deep pipelines run them) and

@@ -5,10 +5,14 @@ counts match the data, and the table and the PNG come out."""
 import sys
 from pathlib import Path
 
+import pytest
+
 import reckeras as rk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import continuous_training  # noqa: E402
+
+pytestmark = pytest.mark.slow  # runs an example end to end
 
 
 def ids(day, column):

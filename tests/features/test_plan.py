@@ -16,7 +16,7 @@ import reckeras as rk
 from reckeras.backend_kernels import dispatch, transforms
 from reckeras.backend_kernels.dispatch import TRITON_AVAILABLE
 from reckeras.backend_kernels.hashing import INT64_MAX, mix64, mix64_numpy
-from reckeras.features.encode import encode
+from reckeras.features.encode import as_tensors, encode
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import LENGTHS
 
@@ -139,7 +139,7 @@ def test_encoded_scalar_and_vector_numerics_equal_numpy(case):
     batch = {s.name: raw_column(s, raw[s.name], layouts[s.name]) for s in specs}
     plan = TransformPlan(specs)
     assert plan.dense_width == sum(s.size for s in specs)
-    inputs = {name: torch.from_numpy(v) for name, v in encode(specs, batch).items()}
+    inputs = as_tensors(encode(specs, batch))
     dense = plan.dense(inputs, torch.tensor(mean, dtype=torch.float32),
                        torch.tensor(std, dtype=torch.float32))
     assert dense.dtype == torch.float32 and dense.shape == (len(raw["n0"]), plan.dense_width)

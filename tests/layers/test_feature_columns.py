@@ -137,6 +137,7 @@ def vector_model():
     return model, columns
 
 
+@pytest.mark.slow
 def test_model_with_a_vector_feature_fits_saves_and_loads(tmp_path):
     model, columns = vector_model()
     data = vector_data()

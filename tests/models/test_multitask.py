@@ -207,6 +207,7 @@ def test_mmoe_checks_its_arguments():
             F.Sequence("history", dim=4, max_len=3, combiner=None)]))
 
 
+@pytest.mark.slow
 def test_both_models_learn_a_two_task_teacher(trained):
     name, model, history = trained
     for key in ("loss", "ctr_loss", "ctcvr_loss", "ctr_auc", "ctcvr_auc"):
@@ -234,6 +235,7 @@ def test_both_models_learn_a_two_task_teacher(trained):
         assert auc(conversion[clicked], cvr[clicked]) > 0.75
 
 
+@pytest.mark.slow
 def test_save_and_load_predict_the_same(trained, tmp_path):
     name, model, _ = trained
     test, *_ = teacher_table(1000, seed=2)

@@ -55,6 +55,7 @@ MODELS = {
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.slow
 def test_train_save_load_identical_predictions(name, tmp_path):
     keras.utils.set_random_seed(0)
     model = MODELS[name]()

@@ -146,6 +146,7 @@ def test_delta_after_aging_out_loads_as_the_full_checkpoint(tmp_path, storage):
 
 @pytest.mark.parametrize("storage", ["device", "host_cached"])
 @pytest.mark.parametrize("saved", ["full", "delta"])
+@pytest.mark.slow
 def test_a_job_restarted_from_a_checkpoint_ages_out_as_one_that_never_stopped(
         tmp_path, storage, saved):
     windows = [window_table(w) for w in range(4)]

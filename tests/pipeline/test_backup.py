@@ -111,6 +111,7 @@ def interrupted(backup_dir, epoch, step, save_freq):
                       Interrupt(epoch, step)])
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_equals_the_uninterrupted_fit(tmp_path, straight):
     backup_dir = tmp_path / "backup"
     # Backups after global steps 5, 10, ..., 25 (epoch 1, step 9); the fit
@@ -137,6 +138,7 @@ def test_resume_mid_epoch_equals_the_uninterrupted_fit(tmp_path, straight):
     assert not backup_dir.exists()                 # deleted at the end of the fit
 
 
+@pytest.mark.slow
 def test_resume_at_an_epoch_end_and_keep_the_backup(tmp_path, straight):
     backup_dir = tmp_path / "backup"
     interrupted(backup_dir, 2, 3, save_freq="epoch")
@@ -215,6 +217,7 @@ def test_keras_backup_and_restore_under_torchrun_points_to_reckeras(monkeypatch,
                     callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
 
 
+@pytest.mark.slow
 def test_a_crash_between_checkpoint_and_record_resumes_from_the_backup_before(
         tmp_path, straight, monkeypatch):
     # The fit dies after the checkpoint of global step 10 is complete but

@@ -73,6 +73,7 @@ def fit_once(onednn, monkeypatch, middle=Bilinear):
     return model.get_weights(), history.history["loss"], len(calls)
 
 
+@pytest.mark.slow
 def test_only_the_models_dense_layers_run_in_onednn_and_train_as_torch(monkeypatch):
     weights, losses, calls = fit_once(True, monkeypatch)
     torch_weights, torch_losses, torch_calls = fit_once(False, monkeypatch)

@@ -9,6 +9,8 @@ import pytest
 
 import reckeras as rk
 
+pytestmark = pytest.mark.slow  # trains a two-task model on every feature kind
+
 F = rk.features
 ROWS = 1200
 

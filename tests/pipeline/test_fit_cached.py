@@ -61,6 +61,7 @@ def uncached():
 
 @pytest.mark.parametrize("policy", ["lfu", "lru"])
 @pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.slow
 def test_cached_fit_equals_uncached_fit(uncached, policy, pipeline):
     model = build({name: cached(o.cache_rows, policy) for name, o in SMALL.items()})
 

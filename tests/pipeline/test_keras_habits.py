@@ -27,6 +27,7 @@ class Hooks(keras.callbacks.Callback):
         return object.__getattribute__(self, name)
 
 
+@pytest.mark.slow
 def test_validation_data_as_x_y_and_x_y_w_tuples():
     train, test = synthetic(1024), synthetic(512, seed=1)
     weights = np.linspace(0, 2, 512).astype(np.float32)
@@ -47,6 +48,7 @@ def test_validation_data_as_x_y_and_x_y_w_tuples():
     assert runs["weighted"]["val_loss"] != runs["tuple"]["val_loss"]
 
 
+@pytest.mark.slow
 def test_validation_split_holds_out_the_last_rows():
     data = synthetic(1000)
     split = build().fit(data, batch_size=200, epochs=2, verbose=0, validation_split=0.2)
@@ -77,6 +79,7 @@ def test_validation_freq():
         build().fit(synthetic(64), verbose=0, validation_freq=0)
 
 
+@pytest.mark.slow
 def test_class_weight_equals_the_matching_sample_weights():
     data = synthetic(1024)
     y = data.column("label").to_numpy()

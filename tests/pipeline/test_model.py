@@ -45,6 +45,7 @@ def assert_same(a, b):
             np.testing.assert_array_equal(x[key], y[key])
 
 
+@pytest.mark.slow
 def test_fit_learns_interactions_and_history():
     train, test = synthetic(), synthetic(2000, seed=1)
     model = build()

@@ -52,6 +52,7 @@ def bce(y, p):
     return -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
 
 
+@pytest.mark.slow
 def test_y_dict_equals_label_columns_and_both_tasks_learn():
     train, test = two_task_data(), two_task_data(1000, seed=1)
     by_y = build()

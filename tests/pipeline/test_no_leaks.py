@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
 from launch import torchrun  # noqa: E402
 
+pytestmark = pytest.mark.slow  # hundreds of fits
+
 ITERATIONS = 300
 WARM_UP = 50
 RSS_GROWTH_MB = 25

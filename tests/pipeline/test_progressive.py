@@ -34,6 +34,7 @@ def days(tmp_path_factory):
     return rk.datasets.from_parquet(root).windows("dt")
 
 
+@pytest.mark.slow
 def test_each_window_is_evaluated_with_the_weights_before_training_on_it(days):
     model = build()
     history = model.fit_windows(days, batch_size=BATCH, verbose=0, seed=5)
@@ -92,6 +93,7 @@ class Recorder(keras.callbacks.Callback):
         self.events.append(("train_end",))
 
 
+@pytest.mark.slow
 def test_callbacks_see_one_epoch_per_window(days):
     recorder = Recorder()
     build().fit_windows(days, batch_size=BATCH, verbose=0, callbacks=[recorder])
@@ -105,6 +107,7 @@ def test_callbacks_see_one_epoch_per_window(days):
     assert recorder.events == expected
 
 
+@pytest.mark.slow
 def test_early_stopping_on_a_progressive_metric(days):
     # Keras infers the direction of "loss" and "val_*" names only: give mode.
     stopper = keras.callbacks.EarlyStopping(monitor="progressive_loss", mode="min",

@@ -46,6 +46,7 @@ def test_get_weights_carries_the_tables_and_set_weights_restores_them():
     assert_same(before, snapshot(model))
 
 
+@pytest.mark.slow
 def test_early_stopping_restores_tables_of_the_best_epoch():
     train, test = noisy(2000, 0), noisy(1000, 1)
     model = build(keras.optimizers.Adam(0.05))
@@ -69,6 +70,7 @@ class Interrupt(keras.callbacks.Callback):
             raise RuntimeError("interrupted")
 
 
+@pytest.mark.slow
 def test_backup_and_restore_resumes_with_the_tables_of_the_last_backup(tmp_path):
     # Dense SGD without momentum: BackupAndRestore (model.save_weights) keeps
     # no dense optimizer state, the tables keep theirs (Adagrad accumulators).

@@ -89,6 +89,7 @@ def assert_same_outputs(actual, expected, atol=1e-5):
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.slow
 def test_predictor_equals_model_predict_for_the_zoo(name, tmp_path):
     model = trained(name)
     model.export_serving(tmp_path / name)
@@ -106,6 +107,7 @@ def dlrm():
 
 
 @pytest.mark.parametrize("rows, atol", [("float16", 2e-3), ("int8", 2e-2)])
+@pytest.mark.slow
 def test_lower_precision_rows_are_smaller_and_close(dlrm, tmp_path, rows, atol):
     full = dlrm.export_serving(tmp_path / "float32")
     small = dlrm.export_serving(tmp_path / rows, rows=rows)
@@ -135,6 +137,7 @@ def test_int8_rows_round_trip_within_half_a_step():
     np.testing.assert_allclose(decoded.numpy()[3], 0.25, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_serving_imports_no_keras(dlrm, tmp_path):
     path = dlrm.export_serving(tmp_path / "model")
     code = ("import sys, reckeras.serving as s;"
@@ -153,9 +156,11 @@ def test_serving_imports_no_keras(dlrm, tmp_path):
 def test_damaged_or_missing_files_are_named(dlrm, tmp_path):
     path = dlrm.export_serving(tmp_path / "model")
     table = os.path.join(path, artifact.table_file(0, 0, 0))
-    data = bytearray(open(table, "rb").read())
+    with open(table, "rb") as file:
+        data = bytearray(file.read())
     data[len(data) // 2] ^= 0xFF
-    open(table, "wb").write(bytes(data))
+    with open(table, "wb") as file:
+        file.write(bytes(data))
     with pytest.raises(artifact.ArtifactError, match="L0.T0.r0.safetensors: its CRC-32"):
         reckeras.serving.load(path)
     os.truncate(table, 100)

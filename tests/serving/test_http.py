@@ -213,6 +213,7 @@ def test_columnar_format_outputs_equal_model_predict(served):
                                rtol=0, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_dict_outputs_per_instance_objects_and_columnar_object(served_two_tasks):
     server, table, expected = (served_two_tasks.server, served_two_tasks.table,
                                served_two_tasks.expected)
@@ -426,6 +427,7 @@ print(json.dumps({"status": response.status_code, "body": response.json(),
 """
 
 
+@pytest.mark.slow
 def test_server_import_path_and_a_prediction_import_no_keras(served):
     table, expected, path = served.table, served.expected, served.path
     run = subprocess.run([sys.executable, "-c", NO_KERAS, path,
@@ -438,6 +440,7 @@ def test_server_import_path_and_a_prediction_import_no_keras(served):
                                expected[20:30], rtol=0, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_a_damaged_artifact_is_refused_before_serving(served, tmp_path):
     path = served.path
     damaged = str(tmp_path / "damaged")

@@ -30,6 +30,7 @@ def one_example(a):
 
 
 @pytest.mark.parametrize("min_count", [None, 1, 2, 3, 4])
+@pytest.mark.slow
 def test_only_rows_seen_often_enough_are_exported(model, tmp_path, min_count):
     path = model.export_serving(tmp_path / "m", min_count=min_count)
     expected = {key(raw) for raw, count in HAND_COUNTS.items()
