@@ -55,6 +55,7 @@ def test_with_keras_already_imported_nothing_is_added():
     assert lines == ["True", "reckeras.layers.mlp"]
 
 
+@pytest.mark.slow
 def test_a_saved_model_loads_with_keras_after_import_reckeras(tmp_path):
     keras.utils.set_random_seed(0)
     inputs = keras.Input(shape=(5,))
