@@ -350,32 +350,6 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
         raise source.error(f"has tensors the model has no table for: {extra[:5]}")
 
 
-def _drop_overridden(links, routes, chosen, found, deleted):
-    """Of a chain, keeps each row from the last link that holds it, and none
-    that a later link deleted (`chosen` and `found` are narrowed in place)."""
-    if len(links) == 1:
-        return
-    for l, layer in enumerate(routes):
-        for t in range(len(layer)):
-            later = np.empty(0, np.int64)     # keys a later link holds or deleted
-            for i in reversed(range(len(links))):
-                parts = found.get((i, l, t), [])
-                if later.size and parts:
-                    survives = ~np.isin(np.concatenate([part[0] for part in parts]), later)
-                    start = 0
-                    for f, (name, (saved, keys, tags)) in enumerate(zip(links[i][2], parts)):
-                        keep = survives[start:start + saved.size]
-                        start += saved.size
-                        mask = chosen[i, name, l, t]
-                        mask[np.flatnonzero(mask)[~keep]] = False
-                        kept = saved[keep]
-                        parts[f] = (kept, kept if keys is saved else keys[keep], tags[keep])
-                if i:
-                    later = np.union1d(later, np.concatenate(
-                        [part[0] for part in parts] + deleted.get((i, l, t), [])
-                        + [np.empty(0, np.int64)]))
-
-
 def _allocate(layouts, routes, found, links):
     """This rank's arrays, once: keys and tags from the scan, the per-row
     arrays to be streamed in (rows in the order the files are streamed),
