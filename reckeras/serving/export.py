@@ -126,7 +126,8 @@ class _DenseNetwork(torch.nn.Module):
 
 def _export_program(model, embedding_layers, filename):
     columns = model.feature_columns
-    inputs = {name: torch.as_tensor(value)
+    # A copy: encode may hand back read-only views of arrow memory.
+    inputs = {name: torch.tensor(value)
               for name, value in columns.encode(example_batch(columns.specs)).items()}
     with torch.no_grad():
         dense, sparse = columns.pack(inputs)

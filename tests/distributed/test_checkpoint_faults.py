@@ -4,6 +4,7 @@ table's keys, rows and state), in one process and on 2 ranks."""
 
 import json
 import os
+import pathlib
 import shutil
 import zlib
 
@@ -99,7 +100,7 @@ def test_an_intact_checkpoint_restores_the_state_of_the_save(trained, ckpt):
     fresh.fit(data(seed=2), batch_size=100, epochs=1, verbose=0)
     fresh.load_checkpoint(ckpt)
     assert same(at_save, state(fresh))
-    index = json.load(open(os.path.join(ckpt, "index.json")))
+    index = json.loads(pathlib.Path(os.path.join(ckpt, "index.json")).read_text())
     assert index["format_version"] == 4
     for name, entry in index["files"].items():
         assert entry["bytes"] == os.path.getsize(os.path.join(ckpt, name))
@@ -145,17 +146,17 @@ def test_a_damaged_index_is_named_and_changes_nothing(trained, ckpt, fault):
 
 def test_an_index_of_another_format_is_refused(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
-    index = json.load(open(path))
+    index = json.loads(pathlib.Path(path).read_text())
     del index["index_crc32"]                 # a format this reckeras does not know
-    json.dump({**index, "format_version": 5}, open(path, "w"))
+    pathlib.Path(path).write_text(json.dumps({**index, "format_version": 5}))
     assert_fails_naming(trained[0], ckpt, path, "format_version 5")
 
 
 def test_a_flipped_format_version_is_damage(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
-    text = open(path).read()
+    text = pathlib.Path(path).read_text()
     assert '"format_version": 4' in text
-    open(path, "w").write(text.replace('"format_version": 4', '"format_version": 3'))
+    pathlib.Path(path).write_text(text.replace('"format_version": 4', '"format_version": 3'))
     assert_fails_naming(trained[0], ckpt, path, "damaged")
 
 
@@ -178,14 +179,14 @@ def version_1(ckpt):
     and the table files without per-row counts."""
     from safetensors.numpy import load_file, save_file
     path = os.path.join(ckpt, "index.json")
-    index = json.load(open(path))
+    index = json.loads(pathlib.Path(path).read_text())
     for name in index["table_files"]:
         filename = os.path.join(ckpt, name)
         save_file({k: v for k, v in load_file(filename).items()
                    if not k.endswith(".seen_steps")}, filename)
     for field in ("files", "index_crc32"):
         del index[field]
-    json.dump({**index, "format_version": 1}, open(path, "w"))
+    pathlib.Path(path).write_text(json.dumps({**index, "format_version": 1}))
 
 
 def test_a_version_1_checkpoint_loads_with_its_structure_checked(trained, ckpt):
@@ -204,13 +205,13 @@ def version_2(ckpt):
     names, dense paths, per-row tags or counts."""
     from safetensors.numpy import load_file, save_file
     path = os.path.join(ckpt, "index.json")
-    index = json.load(open(path))
+    index = json.loads(pathlib.Path(path).read_text())
     for name in index["table_files"]:
         filename = os.path.join(ckpt, name)
         arrays = {k: v for k, v in load_file(filename).items()
                   if not k.endswith((".tags", ".seen_steps"))}
         save_file(arrays, filename)
-        data = open(filename, "rb").read()
+        data = pathlib.Path(filename).read_bytes()
         index["files"][name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
     for field in ("kind", "id", "dense_paths", "index_crc32"):
         del index[field]
@@ -219,7 +220,7 @@ def version_2(ckpt):
             del table["tables"], table["tags"]
     index["format_version"] = 2
     index["index_crc32"] = zlib.crc32(json.dumps(index, sort_keys=True).encode())
-    json.dump(index, open(path, "w"))
+    pathlib.Path(path).write_text(json.dumps(index))
 
 
 def test_a_version_2_checkpoint_loads_into_its_model_only(trained, ckpt, tmp_path):

@@ -9,7 +9,7 @@ import reckeras as rk
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.packing import PackingPlan, table_salt
-from reckeras.features.encode import encode
+from reckeras.features.encode import as_tensors, encode
 from reckeras.features.plan import TransformPlan
 
 
@@ -22,8 +22,7 @@ def make_engine(specs, optimizer=None):
 
 def packed_of(plan, raw):
     """The packed batch of a raw batch, encoded as fit encodes it."""
-    return plan.packed_sparse({k: torch.as_tensor(v)
-                               for k, v in encode(plan.specs, raw).items()})
+    return plan.packed_sparse(as_tensors(encode(plan.specs, raw)))
 
 
 def row_of(engine, table, raw_id):

@@ -5,6 +5,7 @@ saved before rows were counted (format 3)."""
 
 import json
 import os
+import pathlib
 import zlib
 
 import keras
@@ -153,19 +154,19 @@ def as_format_3(ckpt):
     """Rewrites a checkpoint as format 3 wrote it: no per-row counts, no
     windows."""
     path = os.path.join(ckpt, "index.json")
-    index = json.load(open(path))
+    index = json.loads(pathlib.Path(path).read_text())
     del index["windows"]
     for name in index["table_files"]:
         filename = os.path.join(ckpt, name)
         arrays = {k: v for k, v in load_file(filename).items()
                   if not k.endswith((".seen_steps", ".last_window"))}
         save_file(arrays, filename)
-        data = open(filename, "rb").read()
+        data = pathlib.Path(filename).read_bytes()
         index["files"][name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
     index["format_version"] = 3
     del index["index_crc32"]
     index["index_crc32"] = zlib.crc32(json.dumps(index, sort_keys=True).encode())
-    json.dump(index, open(path, "w"))
+    pathlib.Path(path).write_text(json.dumps(index))
 
 
 def test_a_format_3_checkpoint_loads_with_counts_0_also_under_a_newer_delta(tmp_path):

@@ -270,10 +270,10 @@ def test_loop_forward_keeps_layer_losses_and_training_flag():
     # the routing off for the two paths to be compared exactly.
     rk.config.set(onednn_dense=False)
     keras_path = model(tensors, training=False)
-    keras_losses = [float(loss) for loss in model.losses]
+    keras_losses = [float(loss.detach()) for loss in model.losses]
     for _ in range(3):
         loop_path = steps.forward(model, tensors, training=False)
-        assert [float(loss) for loss in model.losses] == keras_losses
+        assert [float(loss.detach()) for loss in model.losses] == keras_losses
     np.testing.assert_array_equal(loop_path.detach().numpy(),
                                   keras_path.detach().numpy())
     dropped = steps.forward(model, tensors, training=True)      # dropout active

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import re
 import struct
 
@@ -57,10 +58,10 @@ def delete(path):
 def flip_index_checksum(ckpt):
     """Flips the last digit of the first CRC-32 the index records (still JSON)."""
     path = os.path.join(ckpt, "index.json")
-    text = open(path, "rb").read()
+    text = pathlib.Path(path).read_bytes()
     match = re.search(rb'"crc32": (\d+)', text)
     _xor(path, match.end(1) - 1, 1, 0x01)
-    json.loads(open(path, "rb").read())        # still valid JSON
+    json.loads(pathlib.Path(path).read_bytes())        # still valid JSON
 
 
 def truncate_index(ckpt):
