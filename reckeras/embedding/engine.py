@@ -435,7 +435,7 @@ class EmbeddingEngine:
             for store in self.tables:
                 store.begin_step(self.step)
         outputs = []
-        total_penalty = torch.zeros((), device=ids.device)
+        total_penalty = torch.zeros((), device=ids.device) if return_penalty else None
         for layout, (group, (chosen, group_tags, group_weight, group_destination)) in zip(
                 plan.layouts,
                 enumerate(self.id_layout.groups(offsets, batch, per_id, ids, weights))):

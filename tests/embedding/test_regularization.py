@@ -253,7 +253,7 @@ def test_frozen_layer_adds_no_penalty_and_evaluate_counts_it():
     assert model.losses == []
 
 
-def test_no_regularizer_adds_no_loss_and_no_work():
+def test_no_regularizer_adds_no_loss():
     model, columns, layer = _model()
     assert not layer.engine.regularizes
     _created(columns, layer)
@@ -270,3 +270,16 @@ def test_row_penalty_counts_occurrences_over_the_batch():
     assert float(occurrence(rows, unique_index, 4, 3)) == pytest.approx(
         0.5 * (3 * 5 + 9) / 4)
     assert float(occurrence(rows, unique_index[:0], 0, 1)) == 0.0
+
+
+@pytest.mark.parametrize("regularize", ["distinct", "occurrence"])
+def test_ids_without_a_row_add_no_penalty(regularize):
+    """Id 99 has no row (never trained): it reads zeros and adds nothing."""
+    model, columns, layer = _model(keras.regularizers.L2(L2), regularize)
+    rows = _created(columns, layer)
+    x, y = {"c": np.array([0, 1, 1, 99])}, np.zeros((4, DIM), np.float32)
+    data = float((rows[0].square().sum() + 2 * rows[1].square().sum()) / (4 * DIM))
+    counts = (1.0, 1.0) if regularize == "distinct" else (1 / 4, 2 / 4)
+    penalty = L2 * float(counts[0] * rows[0].square().sum()
+                         + counts[1] * rows[1].square().sum())
+    np.testing.assert_allclose(model.evaluate(x, y, verbose=0), data + penalty, rtol=1e-6)
