@@ -27,6 +27,12 @@ that the aggregation and the update run as one kernel (see
 forward's destination-sorted index and calls the hook. The table is not a leaf of the
 autograd graph; the dense network's gradient still flows through `anchor`,
 a zero-size tensor that requires grad, so torch calls this backward.
+
+A penalty on rows (embedding regularization) asks `PooledLookup` for a
+second output, rows gathered from a table (`penalized`): their gradient
+reaches the hook beside the rows' data gradients, in the same backward
+(`apply_row_grads(rows, grads, penalized_grads)`), so that one update
+applies both.
 """
 
 from collections.abc import Callable
@@ -249,6 +255,11 @@ class PooledLookup(torch.autograd.Function):
     pooled = PooledLookup.apply(anchor, weights, unique_rows, unique_index,
                                 destination, id_weight, num_slots, optimizer_hook)
     pooled.backward(grad)          # optimizer_hook(rows, row_grads) ran
+    pooled, rows = PooledLookup.apply(anchor, weights, unique_rows, unique_index,
+                                      destination, id_weight, num_slots, optimizer_hook,
+                                      (weights, unique_rows))
+    (pooled.sum() + rows.square().sum()).backward()
+    # optimizer_hook(rows, row_grads, 2 * rows) ran
     ```
     """
 
@@ -256,7 +267,9 @@ class PooledLookup(torch.autograd.Function):
     def forward(ctx: FunctionCtx, anchor: torch.Tensor, weights: torch.Tensor,
                 unique_rows: torch.Tensor, unique_index: torch.Tensor,
                 destination: torch.Tensor, id_weight: torch.Tensor, num_slots: int,
-                apply_row_grads: Callable) -> torch.Tensor:
+                apply_row_grads: Callable,
+                penalized: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The pooled rows; keeps the forward index for the backward.
 
         Args:
@@ -268,44 +281,58 @@ class PooledLookup(torch.autograd.Function):
             apply_row_grads: the hook `apply_row_grads(rows, grads)` that
                 updates the rows; one that also has `apply_pooled(rows,
                 grad_out, unique_index, destination, id_weight)` gets the
-                pooled gradient instead on CUDA and with the native kernels.
+                pooled gradient instead on CUDA and with the native kernels
+                (unless `penalized` is given).
+            penalized: `(table, rows)` of the rows a penalty falls on, or
+                None; the hook is then called `apply_row_grads(rows, grads,
+                penalized_grads)` with the gradient of the second output.
 
         Returns:
-            What `pooled_lookup` returns.
+            What `pooled_lookup` returns; with `penalized`, also
+            `table[rows]` as float32.
         """
         ctx.save_for_backward(unique_rows, unique_index, destination, id_weight)
         ctx.apply_row_grads = apply_row_grads
         if use_triton(weights) or use_native(unique_rows, unique_index, destination,
                                              id_weight, table=weights):
             ctx.index = None
-            return pooled_lookup(weights, unique_rows, unique_index, destination,
-                                 id_weight, num_slots)
-        ctx.index = DestinationMajor.of(unique_index, destination, id_weight, num_slots)
-        return ctx.index.pool(weights, unique_rows)
+            pooled = pooled_lookup(weights, unique_rows, unique_index, destination,
+                                   id_weight, num_slots)
+        else:
+            ctx.index = DestinationMajor.of(unique_index, destination, id_weight, num_slots)
+            pooled = ctx.index.pool(weights, unique_rows)
+        if penalized is None:
+            return pooled
+        table, rows = penalized
+        return pooled, table.index_select(0, rows).float()
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad_out: torch.Tensor) -> tuple[None, ...]:
+    def backward(ctx: FunctionCtx, grad_out: torch.Tensor,
+                 *penalized_grads: torch.Tensor) -> tuple[None, ...]:
         """Hands the rows' gradients (or the pooled gradient) to the hook.
 
         Args:
             ctx: the context `forward` filled.
             grad_out: float32 `[num_slots, D]`, the gradient of the output.
+            *penalized_grads: with `penalized`, the gradient of the
+                penalized rows.
 
         Returns:
             No gradient for any input: the hook has updated the rows.
         """
         unique_rows, unique_index, destination, id_weight = ctx.saved_tensors
+        no_grads = (None,) * len(ctx.needs_input_grad)
         if ctx.index is not None:                # CPU: reuse the forward's index
             row_grads = ctx.index.row_grads(grad_out, unique_rows.numel())
-        elif hasattr(ctx.apply_row_grads, "apply_pooled"):
+        elif hasattr(ctx.apply_row_grads, "apply_pooled") and not penalized_grads:
             ctx.apply_row_grads.apply_pooled(unique_rows, grad_out, unique_index,
                                              destination, id_weight)
-            return (None,) * 8
+            return no_grads
         else:
             row_grads = aggregate_row_grads(grad_out, unique_index, destination,
                                             id_weight, unique_rows.numel())
-        ctx.apply_row_grads(unique_rows, row_grads)
-        return (None,) * 8
+        ctx.apply_row_grads(unique_rows, row_grads, *penalized_grads)
+        return no_grads
 
 
 # ---- positions in bags ------------------------------------------------------------

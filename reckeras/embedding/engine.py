@@ -12,7 +12,8 @@ several ranks, every row is owned by the rank `sharding.owner_of(key)`: the
 batch's unique keys are routed to their owners (`comm`), the owners resolve
 and send back the rows, and in backward the gradients travel the same route
 to the owners, which sum them over all ranks, divide by the world size (each
-rank's loss is a mean over its own examples) and run the optimizer.
+rank's loss is a mean over its own examples) and run the optimizer
+(`owned_rows`).
 
 Every physical table's rows live in one row store, used only through the
 `row_store.RowStore` protocol: a `PhysicalTable` on the device, or a
@@ -33,6 +34,10 @@ travels with its batch (`comm.RoutedBatch`): the step passes it to
 The keys' owners resolve them to rows only in the step, so training is the
 same either way.
 
+With a regularizer (`regularization`), `lookup(..., return_penalty=True)`
+also returns the penalty of the rows read, whose gradient joins the rows'
+data gradient in the one update backward applies.
+
 Inside `deferred_updates`, backward applies nothing: each lookup's update
 waits in an `updates.DeferredUpdates` until the caller has checked that the
 step is finite, and then runs, or is dropped.
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
@@ -56,8 +61,10 @@ from reckeras.embedding.cache import HostCachedTable, RowCache
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter, RoutedBatch
 from reckeras.embedding.id_layout import IdLayout
 from reckeras.embedding.lifecycle import RowLifecycle
+from reckeras.embedding.owned_rows import OwnedRows
 from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.physical_table import PhysicalTable
+from reckeras.embedding.regularization import RowPenalty, group_penalties
 from reckeras.embedding.row_dtypes import row_dtype
 from reckeras.embedding.row_store import RowStore
 from reckeras.embedding.sharding import owner_of
@@ -84,6 +91,9 @@ class EmbeddingEngine:
         device: the device the lookups run on: where `"device"` tables keep
             their rows and `host_cached` tables their caches (their host
             rows stay in CPU memory). Default: CUDA when available, else CPU.
+        regularizer, regularize: the penalty of the rows a lookup reads, and
+            `"distinct"` or `"occurrence"`, for tables whose `TableOptions`
+            give none (see `regularization`); None: no penalty.
 
     Example:
 
@@ -104,7 +114,8 @@ class EmbeddingEngine:
     """
 
     def __init__(self, packing: PackingPlan, init_scale: float | None = None,
-                 seed: int = 0, device: str | torch.device | None = None):
+                 seed: int = 0, device: str | torch.device | None = None,
+                 regularizer: Any = None, regularize: str = "distinct"):
         self.packing = packing
         self.seed = seed
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -112,6 +123,10 @@ class EmbeddingEngine:
         self.tables: list[RowStore] = [self._store(group, init_scale, seed, device)
                                        for group in range(len(packing.dims))]
         self.id_layout = IdLayout(packing, any(store.needs_tags for store in self.tables))
+        # One RowPenalty (or None) per physical table.
+        self.penalties: list[RowPenalty | None] = group_penalties(
+            packing.group_tables, packing.group_options, packing.dims, regularizer,
+            regularize)
         self.step = 0          # training lookups so far (the lifecycle's clock)
         self.optimizer = None
         # The tables are not autograd leaves; this empty tensor is, so that
@@ -147,6 +162,12 @@ class EmbeddingEngine:
         return store
 
     # ---- tables -------------------------------------------------------------------
+
+    @property
+    def regularizes(self) -> bool:
+        """Whether any physical table has a penalty (only then has
+        `lookup(..., return_penalty=True)` one to return)."""
+        return any(penalty is not None for penalty in self.penalties)
 
     @property
     def has_host_cached(self) -> bool:
@@ -364,7 +385,8 @@ class EmbeddingEngine:
 
     def lookup(self, ids: torch.Tensor, offsets: torch.Tensor, training: bool,
                routed: RoutedBatch | None = None,
-               weights: torch.Tensor | None = None) -> list:
+               weights: torch.Tensor | None = None,
+               return_penalty: bool = False) -> list | tuple[list, torch.Tensor]:
         """Embeddings of a packed batch, per physical table (dim).
 
         While training, the backward of the outputs updates the rows they
@@ -380,11 +402,16 @@ class EmbeddingEngine:
                 `training`), or None to route the keys here.
             weights: float32 `[N]`, every id's weight (weighted sequences;
                 the combiners weigh by them), or None for weights of 1.
+            return_penalty: also return the tables' penalty on the rows
+                this lookup reads (see `regularization`); its backward
+                joins the rows' update while training.
 
         Returns:
             One `(pooled, sequences)` per physical table: `pooled` is
             `[B, P, D]` (or None) and `sequences` maps each unpooled
             sequence feature to `[B, L, D]` (see `packing.GroupLayout`).
+            With `return_penalty`, `(that list, penalty)`: the penalty a
+            0-d float32 tensor (0 where no table is regularized).
 
         Raises:
             RuntimeError: `routed` was planned for another batch, layer or
@@ -408,6 +435,7 @@ class EmbeddingEngine:
             for store in self.tables:
                 store.begin_step(self.step)
         outputs = []
+        total_penalty = torch.zeros((), device=ids.device) if return_penalty else None
         for layout, (group, (chosen, group_tags, group_weight, group_destination)) in zip(
                 plan.layouts,
                 enumerate(self.id_layout.groups(offsets, batch, per_id, ids, weights))):
@@ -416,25 +444,36 @@ class EmbeddingEngine:
             # The step's update rounds half rows with bits of its own (and the
             # same on every rank, so world size does not change them).
             round_seed = rounding_seed(self.seed, self.step, group)
+            penalty = self.penalties[group] if return_penalty else None
             if self.connect() is None:
                 rows, pin = self.tables[group].resolve(group_keys, training, group_tags)
                 values, unique, unique_index, apply = self._local_rows(
                     self.tables[group], rows, pin, round_seed)
+                penalized = (values, unique)
             else:
                 unique_index, route = routed.routes[group] if routed else \
                     self._route(group, group_keys, group_tags, training, ahead=False)
-                values, unique, apply, pin = self._remote_rows(group, route, training,
-                                                               round_seed)
+                owned = OwnedRows(self.tables[group], route, training, penalty,
+                                  self.world.size, round_seed, self._update,
+                                  self._apply_row_grads)
+                self.requests += owned.requests
+                values, unique, apply, pin = owned.values, owned.unique, owned, owned.pin
+                penalized = owned.penalized
             # An inference lookup is not tied to the anchor: its backward
             # (a frozen layer in a training step) must update no row.
             flat = PooledLookup.apply(
                 self.anchor if training else self.anchor.detach(), values, unique,
                 unique_index, group_destination,
-                group_weight, layout.rows(batch), apply)
+                group_weight, layout.rows(batch), apply,
+                None if penalty is None else penalized)
+            if penalty is not None:
+                flat, penalized_rows = flat
+                total_penalty = total_penalty + penalty(
+                    penalized_rows, unique_index, batch, self.world.size if self.world else 1)
             if pin is not None and not (training and flat.requires_grad):
                 pin.release()           # no backward will update the cached rows
             outputs.append(layout.split(flat, batch))
-        return outputs
+        return (outputs, total_penalty) if return_penalty else outputs
 
     @contextlib.contextmanager
     def deferred_updates(self) -> Iterator[DeferredUpdates]:
@@ -597,7 +636,10 @@ class EmbeddingEngine:
         return values, torch.arange(values.shape[0], device=values.device), unique_index, \
             apply
 
-    def _update_dropping_last(self, store, rows, pin, round_seed, _, grads):
+    def _update_dropping_last(self, store, rows, pin, round_seed, _, grads,
+                              penalized_grads=None):
+        if penalized_grads is not None:     # the penalty of the same rows
+            grads = grads + penalized_grads
         grads = grads[:-1]              # the zero row of the ids without one
         self._update(grads, functools.partial(self._apply_row_grads, store, rows, grads,
                                               round_seed), pin)
@@ -609,33 +651,6 @@ class EmbeddingEngine:
         unique_tags = torch.empty_like(unique_keys).scatter_(0, unique_index, tags) \
             if training and self.tables[group].needs_tags else None
         return unique_index, self._router.route(unique_keys, unique_tags, ahead=ahead)
-
-    def _remote_rows(self, group, route, training, round_seed):
-        store = self.tables[group]
-        store.check_fits(route.owner_keys, training)
-        owner_rows, pin = store.resolve(route.owner_keys, training, route.owner_tags)
-        self.requests += owner_rows.numel()
-        # Ids without a row (unseen at inference, not admitted) read zeros.
-        owner_values = torch.where((owner_rows >= 0).unsqueeze(1),
-                                   store.weights[owner_rows.clamp(min=0)], 0.0)
-        values = route.rows_to_requesters(owner_values)
-        apply = functools.partial(self._update_remote, store, route, owner_rows, pin,
-                                  round_seed)
-        return values, torch.arange(values.shape[0], device=values.device), apply, pin
-
-    def _update_remote(self, store, route, owner_rows, pin, round_seed, _, grads):
-        # This rank's gradients before the exchange: each rank checks its own
-        # and the caller agrees across ranks, so all exchange or none does.
-        self._update(grads, functools.partial(self._apply_remote_grads, store, route,
-                                              owner_rows, grads, round_seed), pin)
-
-    def _apply_remote_grads(self, store, route, owner_rows, grads, round_seed):
-        owner_grads = route.grads_to_owners(grads) / self.world.size
-        present = (owner_rows >= 0).nonzero().squeeze(1)
-        unique, position = unique_rows(owner_rows[present], store.row_bound)
-        summed = owner_grads.new_zeros(unique.numel(), owner_grads.shape[1])
-        summed.index_add_(0, position, owner_grads[present])
-        self._apply_row_grads(store, unique, summed, round_seed)
 
     def stats(self) -> dict:
         """This rank's tables: rows, bytes held, and requests served so far.
@@ -661,7 +676,9 @@ class _RowUpdate:
         self.engine, self.store, self.pin = engine, store, pin
         self.round_seed = round_seed
 
-    def __call__(self, rows, grads):
+    def __call__(self, rows, grads, penalized_grads=None):
+        if penalized_grads is not None:     # the penalty of the same rows
+            grads = grads + penalized_grads
         self.engine._update(grads, functools.partial(
             self.engine._apply_row_grads, self.store, rows, grads, self.round_seed),
             self.pin)

@@ -4,18 +4,22 @@
 for one logical table. The lifecycle fields (admission, eviction) are read by
 `lifecycle.RowLifecycle`; the storage fields (`storage`, the cache budget and
 policy) by `cache.HostCachedTable`; `dtype` (the rows' precision) by
-`physical_table.PhysicalTable`. The engine builds one row store per
-physical table from the options of the logical tables packed into it.
+`physical_table.PhysicalTable`; the regularization fields
+(`embeddings_regularizer`, `regularize`) by `regularization.RowPenalty`. The
+engine builds one row store per physical table from the options of the
+logical tables packed into it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from reckeras.embedding.row_dtypes import ROW_DTYPES
 
 STORAGES = ("device", "host_cached")
 CACHE_POLICIES = ("lfu", "lru")
+REGULARIZE = ("distinct", "occurrence")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +53,17 @@ class TableOptions:
             back stochastically (see `docs/caching.md`, "Half-precision
             rows"). Tables of one dim share one physical table, so they
             must agree on it.
+        embeddings_regularizer: the table's penalty, overriding the
+            `ShardedEmbedding`'s `embeddings_regularizer` (None: the
+            layer's). A Keras regularizer (`keras.regularizers.L2(0.05)`),
+            its name (`"l2"`) or its config; the layer resolves it (see
+            `docs/regularization.md`).
+        regularize: which rows of a batch the penalty counts, overriding
+            the layer's `regularize` (None: the layer's): `"distinct"`
+            (every row the batch looks up, once) or `"occurrence"` (every
+            lookup, over the batch size). Tables of one dim share one
+            physical table, so they must agree on both regularization
+            fields (as resolved with the layer's).
 
     Example:
 
@@ -57,7 +72,8 @@ class TableOptions:
         "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000),
         "C3": rk.embedding.TableOptions(evict_idle_windows=3),
         "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000),
-        "C4": rk.embedding.TableOptions(dtype="bfloat16")})
+        "C4": rk.embedding.TableOptions(dtype="bfloat16"),
+        "C5": rk.embedding.TableOptions(embeddings_regularizer=keras.regularizers.L2(0.05))})
     ```
     """
 
@@ -71,6 +87,8 @@ class TableOptions:
     cache_bytes: int | None = None
     cache_policy: str = "lfu"
     dtype: str = "float32"
+    embeddings_regularizer: Any = None
+    regularize: str | None = None
 
     def __post_init__(self):
         for field in ("admit_after", "evict_every"):
@@ -86,6 +104,15 @@ class TableOptions:
         if self.dtype not in ROW_DTYPES:
             raise ValueError(f"TableOptions.dtype must be one of {tuple(ROW_DTYPES)}, "
                              f"got {self.dtype!r}")
+        if self.regularize is not None and self.regularize not in REGULARIZE:
+            raise ValueError(f"TableOptions.regularize must be None or one of {REGULARIZE}, "
+                             f"got {self.regularize!r}")
+        regularizer = self.embeddings_regularizer
+        if not (regularizer is None or isinstance(regularizer, (str, dict))
+                or callable(regularizer)):
+            raise ValueError("TableOptions.embeddings_regularizer must be None, a Keras "
+                             "regularizer, its name or its config, got "
+                             f"{regularizer!r}")
         self._check_storage()
 
     def _check_storage(self):

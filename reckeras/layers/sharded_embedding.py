@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import keras
@@ -9,7 +10,7 @@ import numpy as np
 
 from reckeras import _keras_compat
 from reckeras.embedding.engine import EmbeddingEngine
-from reckeras.embedding.options import TableOptions
+from reckeras.embedding.options import REGULARIZE, TableOptions
 from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.table_state import TableState
 from reckeras.features.plan import TransformPlan
@@ -40,6 +41,17 @@ class ShardedEmbedding(keras.layers.Layer):
     other layers still train. Setting it back to True trains the tables
     again (Keras asks to `compile` again after changing `trainable`).
 
+    Regularization, as Keras's `Embedding(embeddings_regularizer=...)`: the
+    penalty joins `layer.losses` (so `model.losses` and the loss `fit`
+    reports and minimizes) at every call of a trainable layer, and its
+    gradient joins the data gradient in the rows' one update. It falls on
+    the rows the batch looks up, since a sparse step reads and updates only
+    those: with `regularize="distinct"` every looked-up row counts once
+    (when a batch looks up every row, this is Keras's dense penalty); with
+    `"occurrence"` every lookup counts, over the batch size, so that a row
+    is penalized as often as it is seen. On several ranks the penalty counts
+    as on one rank with the whole batch. See `docs/regularization.md`.
+
     Args:
         columns: the `rk.layers.FeatureColumns` whose sparse output this
             layer embeds (or a list of serialized sparse feature specs).
@@ -55,7 +67,16 @@ class ShardedEmbedding(keras.layers.Layer):
         table_options: `{table name: rk.embedding.TableOptions(...)}` (or
             dicts of its fields) for tables with admission, eviction or
             host storage behind a device cache (`storage="host_cached"`,
-            see `docs/caching.md`); an unknown table name is an error.
+            see `docs/caching.md`), or with a regularizer of its own; an
+            unknown table name is an error.
+        embeddings_regularizer: the penalty of every table's looked-up rows
+            (unless its `TableOptions` gives one): a
+            `keras.regularizers.Regularizer` (`L1`, `L2`, `L1L2`, or a
+            registered subclass that sums a per-row penalty, 0 for a zero
+            row), its name (`"l2"`) or its config; None for none.
+        regularize: which looked-up rows the penalty counts: `"distinct"`
+            (each row the batch looks up, once) or `"occurrence"` (each
+            lookup, the sum divided by the batch size).
         **kwargs: base Layer arguments.
 
     Call arguments:
@@ -73,12 +94,15 @@ class ShardedEmbedding(keras.layers.Layer):
     ```python
     dense, sparse = columns(columns.inputs())
     emb = rk.layers.ShardedEmbedding(columns)(sparse)   # [B, F, D]
+    regularized = rk.layers.ShardedEmbedding(
+        columns, embeddings_regularizer=keras.regularizers.L2(0.05))
     ```
     """
 
     def __init__(self, columns: Any, output: str = "stacked",
                  init_scale: float | None = None, seed: int = 0,
-                 table_options: dict | None = None, **kwargs: Any):
+                 table_options: dict | None = None, embeddings_regularizer: Any = None,
+                 regularize: str = "distinct", **kwargs: Any):
         super().__init__(**kwargs)
         specs = columns.specs if hasattr(columns, "specs") else \
             [deserialize(s) for s in columns]
@@ -89,8 +113,13 @@ class ShardedEmbedding(keras.layers.Layer):
         plan = TransformPlan(specs)
         if output not in OUTPUT_MODES:
             raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}")
+        if regularize not in REGULARIZE:
+            raise ValueError(f"ShardedEmbedding {self.name!r}: regularize must be one of "
+                             f"{REGULARIZE}, got {regularize!r}")
+        self.embeddings_regularizer = self._regularizer(embeddings_regularizer, "")
+        self.regularize = regularize
         self.table_options = {
-            name: options if isinstance(options, TableOptions) else TableOptions(**options)
+            name: self._table_options(name, options)
             for name, options in (table_options or {}).items()}
         self.packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order,
                                    self.table_options)
@@ -108,10 +137,41 @@ class ShardedEmbedding(keras.layers.Layer):
         self.init_scale = None if init_scale is None else float(init_scale)
         self.seed = int(seed)
         self.engine = EmbeddingEngine(self.packing, self.init_scale, self.seed,
-                                      device=_keras_compat.keras_device())
+                                      device=_keras_compat.keras_device(),
+                                      regularizer=self.embeddings_regularizer,
+                                      regularize=regularize)
         self._output_shapes = {
             s.name: (None, s.dim) if s.pooled else (None, s.max_len, s.dim)
             for s in plan.sparse_in_declaration_order}
+
+    def _table_options(self, name, options):
+        """A table's `TableOptions` (or dict of its fields), its regularizer
+        resolved."""
+        if isinstance(options, TableOptions):
+            return dataclasses.replace(options, embeddings_regularizer=self._regularizer(
+                options.embeddings_regularizer, f" table {name!r}"))
+        return TableOptions(**{**options, "embeddings_regularizer": self._regularizer(
+            options.get("embeddings_regularizer"), f" table {name!r}")})
+
+    def _regularizer(self, identifier, where):
+        """A Keras regularizer from what a user gave (None stays None)."""
+        argument = f"ShardedEmbedding {self.name!r}{where}: embeddings_regularizer"
+        if identifier is None:
+            return None
+        try:
+            regularizer = keras.regularizers.get(identifier)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{argument} must be a keras.regularizers.Regularizer, its "
+                             f"name (\"l2\") or its config, got {identifier!r}") from error
+        if not isinstance(regularizer, keras.regularizers.Regularizer):
+            raise ValueError(f"{argument} must be a keras.regularizers.Regularizer (a "
+                             f"subclass for a penalty of your own, so that it saves with "
+                             f"the model), got {identifier!r}")
+        if isinstance(regularizer, keras.regularizers.OrthogonalRegularizer):
+            raise ValueError(f"{argument}: OrthogonalRegularizer penalizes a table's rows "
+                             f"together, but a sparse step sees only the rows its batch "
+                             f"looks up; use a per-row penalty (L1, L2, L1L2)")
+        return regularizer
 
     @property
     def tables(self) -> list:
@@ -123,9 +183,16 @@ class ShardedEmbedding(keras.layers.Layer):
         # this very batch (`EmbeddingEngine.route_ahead`), or None. A frozen
         # layer looks up as at inference, as Keras's frozen BatchNormalization
         # normalizes as at inference.
+        # A frozen layer adds no penalty, as Keras counts the regularizers
+        # of trainable weights only.
+        regularized = self.trainable and self.engine.regularizes
         groups = self.engine.lookup(sparse["ids"], sparse["offsets"],
                                     bool(training) and self.trainable,
-                                    routed=routed, weights=sparse.get("weights"))
+                                    routed=routed, weights=sparse.get("weights"),
+                                    return_penalty=regularized)
+        if regularized:
+            groups, penalty = groups
+            self.add_loss(penalty)
         return self.packing.assemble(groups, self.output_mode)
 
     def compute_output_spec(self, sparse: dict, training: bool = False,
@@ -245,5 +312,13 @@ class ShardedEmbedding(keras.layers.Layer):
                 "columns": [serialize(s) for s in self.specs],
                 "output": self.output_mode, "init_scale": self.init_scale,
                 "seed": self.seed,
-                "table_options": {name: options.get_config()
-                                  for name, options in self.table_options.items()}}
+                "table_options": {name: {**options.get_config(),
+                                         "embeddings_regularizer": _serialized(
+                                             options.embeddings_regularizer)}
+                                  for name, options in self.table_options.items()},
+                "embeddings_regularizer": _serialized(self.embeddings_regularizer),
+                "regularize": self.regularize}
+
+
+def _serialized(regularizer):
+    return None if regularizer is None else keras.regularizers.serialize(regularizer)

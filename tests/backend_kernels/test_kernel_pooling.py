@@ -156,3 +156,31 @@ def test_pooled_lookup_backward_hands_the_pooled_gradient_to_a_fusing_hook():
         rows, grads = received["grads"]
         assert_close(grads, dense_grads(*case, grad_out))
     assert torch.equal(rows, case[1]) and len(received) == 1
+
+
+def test_penalized_rows_are_a_second_output_whose_gradient_reaches_the_hook():
+    """`penalized=(table, rows)`: the rows come out as float32 and their
+    gradient reaches the hook beside the row gradients, never through the
+    fused `apply_pooled` (the two must be summed before the update)."""
+    case = lookup_case(8, dtype=torch.bfloat16)
+    received = {}
+
+    class FusingHook:
+        def __call__(self, rows, grads, penalized_grads):
+            received["grads"] = (rows.cpu(), grads.cpu(), penalized_grads.cpu())
+
+        def apply_pooled(self, *args):
+            received["pooled"] = True
+
+    anchor = torch.zeros(0, requires_grad=True)
+    weights, unique = on_device(*case[:2])
+    pooled, rows = pooling.PooledLookup.apply(anchor, *on_device(*case[:5]), case[-1],
+                                              FusingHook(), (weights, unique))
+    assert rows.dtype == torch.float32
+    assert torch.equal(rows.cpu(), case[0][case[1]].float())
+    grad_out = torch.randn(case[-1], case[0].shape[1])
+    ((pooled * on_device(grad_out)).sum() + 0.5 * rows.square().sum()).backward()
+    got_rows, grads, penalized_grads = received["grads"]
+    assert list(received) == ["grads"] and torch.equal(got_rows, case[1])
+    assert_close(grads, dense_grads(*case, grad_out))
+    assert_close(penalized_grads, case[0][case[1]].float())

@@ -252,3 +252,100 @@ def test_inference_lookup_has_no_backward():
     out = embedding(sparse, training=False)
     assert not out.requires_grad
     np.testing.assert_array_equal(before[0]["weights"], tables_of(embedding)[0]["weights"])
+
+
+# ---- embeddings_regularizer --------------------------------------------------------
+# (The penalty's values and updates: tests/embedding/test_regularization.py.)
+
+@keras.saving.register_keras_serializable(package="test_sharded_embedding")
+class RowNorms(keras.regularizers.Regularizer):
+    """A registered regularizer of one's own: the sum of the rows' L2 norms."""
+
+    def __init__(self, scale=0.1):
+        self.scale = scale
+
+    def __call__(self, x):
+        return self.scale * keras.ops.sum(keras.ops.sqrt(keras.ops.sum(x * x, axis=1)))
+
+    def get_config(self):
+        return {"scale": self.scale}
+
+
+def _regularized_model():
+    columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=4),
+                                        rk.features.Categorical("b", dim=4),
+                                        rk.features.Categorical("c", dim=2)])
+    inputs = columns.inputs()
+    layer = rk.layers.ShardedEmbedding(
+        columns, output="concat", embeddings_regularizer=keras.regularizers.L2(0.05),
+        regularize="occurrence",
+        table_options={"c": {"embeddings_regularizer": RowNorms(0.3)}})
+    model = rk.Model(inputs, keras.layers.Dense(1)(layer(columns(inputs)[1])))
+    model.compile(optimizer="sgd", loss="mse", embedding_optimizer=rk.optimizers.Adagrad(0.1))
+    return model, layer
+
+
+def test_regularizer_round_trips_through_get_config_and_model_save(tmp_path):
+    model, layer = _regularized_model()
+    config = layer.get_config()
+    assert config["embeddings_regularizer"]["config"] == {"l2": 0.05}
+    assert config["regularize"] == "occurrence"
+    assert config["table_options"]["c"]["embeddings_regularizer"]["config"] == {"scale": 0.3}
+    again = rk.layers.ShardedEmbedding.from_config(config)
+    assert isinstance(again.embeddings_regularizer, keras.regularizers.L2)
+    assert again.table_options["c"].embeddings_regularizer.get_config() == {"scale": 0.3}
+    x = {"a": np.array([1, 2, 1, 3]), "b": np.array([5, 5, 6, 7]),
+         "c": np.array([1, 1, 2, 9])}
+    y = np.array([0.5, -1.0, 1.0, 0.0], np.float32)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    model.save(tmp_path / "r.keras")
+    loaded = keras.models.load_model(tmp_path / "r.keras")
+    loaded_layer = loaded.embedding_layers[0]
+    assert loaded_layer.regularize == "occurrence"
+    assert isinstance(loaded_layer.table_options["c"].embeddings_regularizer, RowNorms)
+    # The same loss, penalty included (evaluate counts it, as Keras does).
+    expected = model.evaluate(x, y, verbose=0)
+    data_loss = np.mean((model.predict(x, verbose=0)[:, 0] - y) ** 2)
+    assert expected > data_loss + 1e-3
+    np.testing.assert_allclose(loaded.evaluate(x, y, verbose=0), expected, rtol=1e-6)
+    loaded.fit(x, y, batch_size=4, verbose=0)
+
+
+class _Shifted(keras.regularizers.Regularizer):
+    def __call__(self, x):
+        return keras.ops.sum(keras.ops.square(x - 1.0))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"embeddings_regularizer": 3}, r"ShardedEmbedding 'emb': embeddings_regularizer must "
+                                    r"be a keras.regularizers.Regularizer, its name"),
+    ({"embeddings_regularizer": "l3"}, r"ShardedEmbedding 'emb': embeddings_regularizer"),
+    ({"embeddings_regularizer": lambda x: keras.ops.sum(x)},
+     r"'emb': embeddings_regularizer must be a keras.regularizers.Regularizer \(a subclass"),
+    ({"embeddings_regularizer": keras.regularizers.OrthogonalRegularizer()},
+     r"'emb': embeddings_regularizer: OrthogonalRegularizer penalizes"),
+    ({"table_options": {"a": {"embeddings_regularizer": 3}}},
+     r"ShardedEmbedding 'emb' table 'a': embeddings_regularizer must be"),
+    ({"regularize": "sometimes"}, r"'emb': regularize must be one of"),
+    ({"table_options": {"a": {"embeddings_regularizer": "l2"}}},
+     r"tables \['a', 'b'\] are packed into one physical table \(dim 4\), so they need "
+     r"one embeddings_regularizer"),
+    ({"embeddings_regularizer": "l2",
+      "table_options": {"b": {"regularize": "occurrence"}}},
+     r"tables \['a', 'b'\] are packed .* 'occurrence'"),
+    ({"embeddings_regularizer": _Shifted()},
+     r"embeddings_regularizer of tables \['a', 'b'\] \(dim 4\) must give a scalar 0"),
+])
+def test_bad_regularizers_are_refused_naming_the_layer_and_table(kwargs, message):
+    columns = rk.layers.FeatureColumns([rk.features.Categorical("a", dim=4),
+                                        rk.features.Categorical("b", dim=4)])
+    with pytest.raises(ValueError, match=message):
+        rk.layers.ShardedEmbedding(columns, output="concat", name="emb", **kwargs)
+
+
+def test_table_options_validate_the_regularization_fields():
+    with pytest.raises(ValueError, match="TableOptions.embeddings_regularizer must be"):
+        rk.embedding.TableOptions(embeddings_regularizer=3)
+    with pytest.raises(ValueError, match="TableOptions.regularize must be None or one of"):
+        rk.embedding.TableOptions(regularize="always")
+    assert rk.embedding.TableOptions().get_config()["embeddings_regularizer"] is None

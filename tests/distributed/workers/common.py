@@ -44,6 +44,12 @@ def model():
             options.get(name, rk.embedding.TableOptions()), storage="host_cached",
             cache_rows=rows, cache_policy=policy)
             for name, rows in (("a", 30), ("shared", 40), ("h", 20))}
+    if os.environ.get("RK_TEST_REGULARIZE"):
+        # Every table (one physical table of dim 4) regularized, counted as asked.
+        options = {name: dataclasses.replace(
+            options.get(name, rk.embedding.TableOptions()),
+            embeddings_regularizer=keras.regularizers.L2(0.05),
+            regularize=os.environ["RK_TEST_REGULARIZE"]) for name in ("a", "shared", "h")}
     m = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
                        table_options=options or None)
     m.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
