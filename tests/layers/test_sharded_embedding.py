@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import reckeras as rk
+from reckeras.features.encode import as_tensors
 
 
 def test_validation():
@@ -38,7 +39,7 @@ def test_concat_output_in_declaration_order():
 
 def _packed(columns, x):
     import torch
-    packed = columns.plan.packed_sparse({k: torch.as_tensor(v) for k, v in x.items()})
+    packed = columns.plan.packed_sparse(as_tensors(x))
     return packed["ids"], packed["offsets"]
 
 
@@ -175,7 +176,7 @@ def test_frozen_table_keeps_rows_and_state_and_creates_none():
     # An unseen id reads what evaluate/predict read for it: zeros.
     unseen = {"n": np.zeros(1, np.float32), "a": np.array([12345])}
     outputs = embedding(model.feature_columns.pack(
-        {k: torch.as_tensor(v) for k, v in model.feature_columns.encode(unseen).items()})[1],
+        as_tensors(model.feature_columns.encode(unseen)))[1],
         training=True)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(outputs), np.zeros((1, 4)))
 
@@ -248,7 +249,7 @@ def test_inference_lookup_has_no_backward():
     before = tables_of(embedding)
     x, _ = frozen_data(np.arange(4))
     columns = model.feature_columns
-    _, sparse = columns.pack({k: torch.as_tensor(v) for k, v in columns.encode(x).items()})
+    _, sparse = columns.pack(as_tensors(columns.encode(x)))
     out = embedding(sparse, training=False)
     assert not out.requires_grad
     np.testing.assert_array_equal(before[0]["weights"], tables_of(embedding)[0]["weights"])

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 import reckeras as rk
+from reckeras.features.encode import as_tensors
 
 pytestmark = pytest.mark.slow  # trains a two-task model on every feature kind
 
@@ -111,7 +112,7 @@ def test_a_missing_user_reads_zeros_and_its_cross_too(trained):
     layer = next(layer for layer in trained.layers
                  if isinstance(layer, rk.layers.ShardedEmbedding))
     import torch
-    _, sparse = columns.pack({k: torch.as_tensor(v) for k, v in encoded.items()})
+    _, sparse = columns.pack(as_tensors(encoded))
     out = layer(sparse)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(out["user"]), 0.0)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(out["user_x_age"]), 0.0)
