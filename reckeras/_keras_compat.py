@@ -17,7 +17,8 @@ range is widened.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import torch

@@ -93,7 +93,7 @@ class IndexBuild:
 # inside a parallel torch op then (the rehash's fills) aborts the process
 # ("terminate called without an active exception", exit code 134) after a
 # training script has finished.
-_UNDER_WAY: "weakref.WeakSet[IndexBuild]" = weakref.WeakSet()
+_UNDER_WAY: weakref.WeakSet[IndexBuild] = weakref.WeakSet()
 
 
 @atexit.register

@@ -50,8 +50,7 @@ import torch
 from reckeras._allocator import release_free_memory
 from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import initial_rows
-from reckeras.embedding.host_memory import (available_host_bytes, physical_host_bytes,
-                                            reserve_memory)
+from reckeras.embedding.host_memory import available_host_bytes, physical_host_bytes, reserve_memory
 from reckeras.embedding.index_build import IndexBuild
 from reckeras.embedding.row_dtypes import to_numpy, to_torch
 from reckeras.embedding.row_store import RowStore

@@ -12,7 +12,8 @@ is code, run as it is.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from reckeras import _keras_compat
 from reckeras.pipeline import dense_routing

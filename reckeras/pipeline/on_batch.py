@@ -11,7 +11,8 @@ does, and `test_on_batch`/`predict_on_batch` give `evaluate`'s and
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import torch

@@ -25,7 +25,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
+from typing import Any
 
 _END = object()
 

@@ -28,7 +28,7 @@ import concurrent.futures
 import queue
 import threading
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from reckeras.distributed import PeerFailureError
 
@@ -67,7 +67,7 @@ class SparseDist:
                                         name="reckeras-sparse-dist")
         self._worker.start()
 
-    def __enter__(self) -> "SparseDist":
+    def __enter__(self) -> SparseDist:
         return self
 
     def __exit__(self, kind, error, traceback):

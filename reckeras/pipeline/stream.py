@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Iterator, Self
+from collections.abc import Iterator
+from typing import Any, Self
 
 import torch
 
