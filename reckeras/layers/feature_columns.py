@@ -63,7 +63,8 @@ class FeatureColumns(keras.layers.Layer):
                                    trainable=False, name="std")
         self.adapted = self.add_weight(shape=(), initializer="zeros",
                                        trainable=False, name="adapted")
-        self._prepacked = None      # (an input tensor, its batch's packed output)
+        # (an input tensor, its batch's packed output)
+        self._prepacked: tuple[Any, tuple] | None = None
 
     # ---- declaration ---------------------------------------------------------
 
