@@ -17,6 +17,7 @@ from typing import Any
 import keras
 import torch
 
+from reckeras import _keras_compat
 from reckeras.pipeline import loops
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
 from reckeras.pipeline.targets import model_targets
@@ -71,7 +72,7 @@ class OneBatch:
         yield self.data.table
 
 
-class OnBatchMethods:
+class OnBatchMethods(_keras_compat.ModelMixin):
     """Mixin of `rk.Model`: Keras's `*_on_batch` methods, each running one
     batch through the preparation of the loops.
 
