@@ -17,7 +17,8 @@ range is widened.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import keras
 import torch
@@ -27,6 +28,15 @@ from keras.src.backend.common import global_state as _global_state
 from keras.src.backend.torch import core as _torch_core
 from keras.src.models import functional as _functional
 from keras.src.models import model as _model
+
+# A mixin of `rk.Model` (its methods run on a `keras.Model`) derives from
+# `ModelMixin`: the type checker reads `self.fit(...)` and `super().save(...)`
+# as the Keras model's; at run time the base is `object` and `rk.Model` lists
+# `keras.Model` itself.
+if TYPE_CHECKING:
+    ModelMixin: TypeAlias = keras.Model
+else:
+    ModelMixin = object
 
 # ---- backend ---------------------------------------------------------------------
 
@@ -242,7 +252,7 @@ def functional_outputs(model: keras.Model) -> Any:
     return model._outputs_struct
 
 
-class DeclaredInputsShortcut:
+class DeclaredInputsShortcut(ModelMixin):
     """Mixin for a functional `keras.Model`: inputs that already match what
     the model declares skip Keras's per-call standardization.
 

@@ -127,7 +127,9 @@ def _objects(module):
             for attr, member in sorted(vars(obj).items()):
                 qualname = f"{name}.{attr}"
                 if attr == "__init__" and inspect.isfunction(member):
-                    found.append((qualname, "init", member, obj))
+                    # Not the one typing.Protocol puts on a protocol class.
+                    if _defined_here(member, module):
+                        found.append((qualname, "init", member, obj))
                 elif not _is_public(attr):
                     continue
                 elif isinstance(member, property):

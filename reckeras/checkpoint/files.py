@@ -160,7 +160,8 @@ class TableFile:
         self.filename = os.path.join(path, name)
         self.expected = None if files is None else files[name]
         try:
-            self.file = open(self.filename, "rb", buffering=0)
+            # Open for the object's life, not a block: `close` closes it.
+            self.file = open(self.filename, "rb", buffering=0)  # noqa: SIM115
         except FileNotFoundError as error:
             raise _missing(self.filename) from error
         try:
@@ -243,7 +244,7 @@ class TableFile:
             raise self.error(f"has no tensor {name!r}")
         found, found_shape = self.tensors[name][:2]
         if found != dtype or len(found_shape) != len(shape) or any(
-                s is not None and s != f for s, f in zip(shape, found_shape)):
+                s is not None and s != f for s, f in zip(shape, found_shape, strict=True)):
             raise self.error(f"tensor {name!r} is {found} {list(found_shape)}, the model "
                              f"needs {dtype} {[s if s is not None else 'n' for s in shape]}")
 
@@ -257,7 +258,7 @@ class TableFile:
         Returns:
             Its values.
         """
-        dtype, shape, begin, end = self.tensors[name]
+        dtype, shape, begin, _ = self.tensors[name]
         array = np.empty(shape, NUMPY_DTYPES[dtype])
         self.file.seek(begin)
         self.read_exactly(array.reshape(-1).view(np.uint8))
@@ -273,7 +274,7 @@ class TableFile:
         Raises:
             CheckpointError: the file ended first.
         """
-        view, got = memoryview(target), 0
+        view, got = target.data, 0
         while got < target.size:
             n = self.file.readinto(view[got:])
             if not n:

@@ -53,9 +53,9 @@ DENSE = "dense.safetensors"
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                 "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
                 "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
-NUMPY_DTYPES = {"F32": np.dtype(np.float32), "I64": np.dtype(np.int64),
-                "I32": np.dtype(np.int32), "F16": np.dtype(np.float16),
-                "BF16": numpy_dtype(torch.bfloat16)}
+NUMPY_DTYPES: dict[str, np.dtype] = {"F32": np.dtype(np.float32), "I64": np.dtype(np.int64),
+                                      "I32": np.dtype(np.int32), "F16": np.dtype(np.float16),
+                                      "BF16": numpy_dtype(torch.bfloat16)}
 # The safetensors dtype of the rows of each `TableOptions.dtype`.
 ROW_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # The per-row arrays of a table file that loading streams into place (keys,
@@ -300,7 +300,7 @@ def read_index(path: str) -> dict:
         if not (isinstance(windows, list) and len(windows) == len(layers) and all(
                 isinstance(w, list) and len(w) == len(layer) and all(
                     n is None or (type(n) is int and n >= 0) for n in w)
-                for w, layer in zip(windows, layers))):
+                for w, layer in zip(windows, layers, strict=True))):
             raise bad(f"windows {windows!r} do not give a window count or null per table")
     return index
 

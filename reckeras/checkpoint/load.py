@@ -48,10 +48,21 @@ import torch.distributed as dist
 from reckeras import distributed
 from reckeras.checkpoint import plan
 from reckeras.checkpoint.files import CHUNK_BYTES, TableFile, read_dense
-from reckeras.checkpoint.format import (DENSE, INDEX, NUMPY_DTYPES, ROW_CODES, STREAMED,
-                                        TORCH_DTYPES, CheckpointError, dense_variables,
-                                        parse_tensor_name, read_index, resolve, tensor_name,
-                                        without_dtypes)
+from reckeras.checkpoint.format import (
+    DENSE,
+    INDEX,
+    NUMPY_DTYPES,
+    ROW_CODES,
+    STREAMED,
+    TORCH_DTYPES,
+    CheckpointError,
+    dense_variables,
+    parse_tensor_name,
+    read_index,
+    resolve,
+    tensor_name,
+    without_dtypes,
+)
 from reckeras.embedding.row_dtypes import ROW_DTYPES, numpy_dtype
 from reckeras.embedding.sharding import owner_of
 from reckeras.embedding.table_state import TableState
@@ -291,8 +302,9 @@ def _read_tables(layouts, chain, routes, world):
                 buffer = _stream(source, (i, name), routes, chosen, tables, filled, buffer)
             finally:
                 source.close()
-    return [[TableState(layout, **arrays) for layout, arrays in zip(layer, layer_arrays)]
-            for layer, layer_arrays in zip(layouts, tables)]
+    return [[TableState(layout, **arrays)
+             for layout, arrays in zip(layer, layer_arrays, strict=True)]
+            for layer, layer_arrays in zip(layouts, tables, strict=True)]
 
 
 def _scan(source, file, index, routes, world, chosen, found, deleted):
@@ -302,33 +314,33 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
     `file` is `(link, name)`; `found` gets, per file, the chosen rows'
     saved keys, their keys in the model (the same array unless re-salted)
     and their tags in the model."""
-    link = file[0]
+    link, file_name = file
     delta = index.get("kind") == "delta"
     expected = set()
-    for l, layer in enumerate(index["layers"]):
+    for li, layer in enumerate(index["layers"]):
         for t, entry in enumerate(layer):
-            route = routes[l][t]
+            route = routes[li][t]
             counted = index["format_version"] >= 4
-            aged = counted and index["windows"][l][t] is not None
+            aged = counted and index["windows"][li][t] is not None
             arrays = ["keys", "weights", "state"] + ["seen_steps"] * counted \
                 + ["last_window"] * aged + ["tags"] * bool(entry.get("tags")) \
                 + ["deleted"] * delta
-            expected.update(tensor_name(l, t, a) for a in arrays)
-            source.expect(tensor_name(l, t, "keys"), "I64", (None,))
-            n = source.tensors[tensor_name(l, t, "keys")][1][0]
-            source.expect(tensor_name(l, t, "weights"), ROW_CODES[entry.get("dtype", "float32")],
+            expected.update(tensor_name(li, t, a) for a in arrays)
+            source.expect(tensor_name(li, t, "keys"), "I64", (None,))
+            n = source.tensors[tensor_name(li, t, "keys")][1][0]
+            source.expect(tensor_name(li, t, "weights"), ROW_CODES[entry.get("dtype", "float32")],
                           (n, entry["dim"]))
-            source.expect(tensor_name(l, t, "state"), "F32", (n, route.width))
+            source.expect(tensor_name(li, t, "state"), "F32", (n, route.width))
             if counted:
-                source.expect(tensor_name(l, t, "seen_steps"), "I32", (n,))
+                source.expect(tensor_name(li, t, "seen_steps"), "I32", (n,))
             if aged:
-                source.expect(tensor_name(l, t, "last_window"), "I32", (n,))
+                source.expect(tensor_name(li, t, "last_window"), "I32", (n,))
             if entry.get("tags"):
-                source.expect(tensor_name(l, t, "tags"), "I32", (n,))
+                source.expect(tensor_name(li, t, "tags"), "I32", (n,))
             if delta:
-                source.expect(tensor_name(l, t, "deleted"), "I64", (None,))
-            saved = source.read(tensor_name(l, t, "keys"))
-            tags = source.read(tensor_name(l, t, "tags")) if entry.get("tags") else \
+                source.expect(tensor_name(li, t, "deleted"), "I64", (None,))
+            saved = source.read(tensor_name(li, t, "keys"))
+            tags = source.read(tensor_name(li, t, "tags")) if entry.get("tags") else \
                 np.full(n, route.untagged, np.int32)
             kept = route.kept[tags]
             if not route.kept[-1] and bool((tags == -1).any()):
@@ -338,13 +350,14 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
                     f"start that changes these tables cannot tell which table they are of")
             keys = saved ^ route.xor[tags] if route.xor.any() else saved
             mask = kept & (owner_of(torch.from_numpy(keys), world.size) == world.rank).numpy()
-            chosen[(*file, l, t)] = mask
+            chosen[link, file_name, li, t] = mask
             saved_chosen = saved[mask]
-            found.setdefault((link, l, t), []).append(
+            found.setdefault((link, li, t), []).append(
                 (saved_chosen, saved_chosen if keys is saved else keys[mask],
                  route.tag[tags[mask]]))
             if delta:
-                deleted.setdefault((link, l, t), []).append(source.read(tensor_name(l, t, "deleted")))
+                deleted.setdefault((link, li, t), []).append(
+                    source.read(tensor_name(li, t, "deleted")))
     extra = sorted(set(source.tensors) - expected)
     if extra:
         raise source.error(f"has tensors the model has no table for: {extra[:5]}")
@@ -357,13 +370,13 @@ def _allocate(layouts, routes, found, links):
     num_links = len(links)
     windows = links[-1][1].get("windows")
     tables = []
-    for l, layer in enumerate(layouts):
+    for li, layer in enumerate(layouts):
         tables.append([])
         for target, layout in enumerate(layer):
             # At most one saved table per target: both are the layer's table of one dim.
-            sources = [(t, route) for t, route in enumerate(routes[l]) if route.target == target]
+            sources = [(t, route) for t, route in enumerate(routes[li]) if route.target == target]
             parts = [part for t, _ in sources for i in range(num_links)
-                     for part in found.get((i, l, t), [])]
+                     for part in found.get((i, li, t), [])]
             width = sources[0][1].width if sources else layout.state_width
             keys = np.concatenate([k for _, k, _ in parts] + [np.empty(0, np.int64)])
             # Counts stay 0 for rows of a link saved before rows were counted.
@@ -376,13 +389,13 @@ def _allocate(layouts, routes, found, links):
             if layout.ages_by_windows:
                 # -1 (unknown) for rows of a link that saved no windows.
                 arrays["last_window"] = np.full(keys.size, -1, np.int32)
-                saved = [windows[l][t] for t, _ in sources] if windows else []
+                saved = [windows[li][t] for t, _ in sources] if windows else []
                 if saved and saved[0] is not None:
                     arrays["window"] = saved[0]
             if layout.tracks_tags:
                 arrays["tags"] = np.concatenate([g for _, _, g in parts]
                                                 + [np.empty(0, np.int32)])
-            tables[l].append(arrays)
+            tables[li].append(arrays)
     return tables
 
 
@@ -390,17 +403,18 @@ def _stream(source, file, routes, chosen, tables, filled, buffer):
     """Reads one table file whole in chunks, checking its CRC-32 and copying
     the chosen rows' per-row arrays (`STREAMED`) into `tables`; returns the
     (maybe grown) read buffer."""
+    link, file_name = file
     crc = zlib.crc32(source.header)
-    for tensor, (dtype, shape, begin, end) in source.tensors.items():
-        l, t, array = parse_tensor_name(tensor)
-        target = routes[l][t].target
-        copied = array in STREAMED and target is not None and array in tables[l][target]
-        mask = chosen[(*file, l, t)] if copied else None
-        out = tables[l][target][array] if copied else None
+    for tensor, (dtype, shape, begin, _) in source.tensors.items():
+        li, t, array = parse_tensor_name(tensor)
+        target = routes[li][t].target
+        copied = array in STREAMED and target is not None and array in tables[li][target]
+        mask = chosen[link, file_name, li, t] if copied else None
+        out = tables[li][target][array] if copied else None
         width = math.prod(shape[1:])
         row_bytes = max(1, width) * TORCH_DTYPES[dtype].itemsize
         step = max(1, CHUNK_BYTES // row_bytes)
-        position = filled.get((l, target, array), 0)
+        position = filled.get((li, target, array), 0)
         source.file.seek(begin)
         for first in range(0, shape[0], step):
             count = min(step, shape[0] - first)
@@ -415,7 +429,7 @@ def _stream(source, file, routes, chosen, tables, filled, buffer):
                 chunk = buffer[:count * width * TORCH_DTYPES[dtype].itemsize]
             source.read_exactly(chunk)
             crc = zlib.crc32(chunk, crc)
-            if owned is not None and 0 < kept and not (kept == count and
+            if owned is not None and kept > 0 and not (kept == count and
                                                         out.dtype == NUMPY_DTYPES[dtype]):
                 saved = chunk.view(NUMPY_DTYPES[dtype]).reshape(count, *shape[1:])
                 if out.dtype == saved.dtype:
@@ -424,7 +438,7 @@ def _stream(source, file, routes, chosen, tables, filled, buffer):
                     target_rows[...] = saved[owned]
             position += kept
         if copied:
-            filled[l, target, array] = position
+            filled[li, target, array] = position
     _skip_absent(source, file, routes, chosen, tables, filled)
     source.verify(crc)
     return buffer
@@ -433,11 +447,12 @@ def _stream(source, file, routes, chosen, tables, filled, buffer):
 def _skip_absent(source, file, routes, chosen, tables, filled):
     """Moves past this file's rows in the arrays it does not hold (a link of
     an older format): they keep the values `_allocate` gave them."""
-    for l, t in {parse_tensor_name(tensor)[:2] for tensor in source.tensors}:
-        target = routes[l][t].target
+    link, file_name = file
+    for li, t in {parse_tensor_name(tensor)[:2] for tensor in source.tensors}:
+        target = routes[li][t].target
         if target is None:
             continue
-        rows = int(chosen[(*file, l, t)].sum())
+        rows = int(chosen[link, file_name, li, t].sum())
         for array in STREAMED:
-            if array in tables[l][target] and tensor_name(l, t, array) not in source.tensors:
-                filled[l, target, array] = filled.get((l, target, array), 0) + rows
+            if array in tables[li][target] and tensor_name(li, t, array) not in source.tensors:
+                filled[li, target, array] = filled.get((li, target, array), 0) + rows

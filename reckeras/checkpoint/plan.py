@@ -146,10 +146,10 @@ def routes(layouts: list[list[TableLayout]], chain: list, warm_start: bool,
             raise CheckpointError(f"checkpoint {path!r} holds tables {names}, the model has "
                                   f"{model_names}: load it with warm_start=True to match "
                                   f"them by name")
-        found_routes = []
-        for layer, groups in zip(saved, model_names):
+        found_routes: list[list[Route]] = []
+        for layer, groups in zip(saved, model_names, strict=True):
             found_routes.append([])
-            for target, (entry, group) in enumerate(zip(layer, groups)):
+            for target, (entry, group) in enumerate(zip(layer, groups, strict=True)):
                 route = Route.empty(group, entry["state_width"])
                 route.target = target
                 route.kept[:] = True
@@ -166,7 +166,7 @@ def routes(layouts: list[list[TableLayout]], chain: list, warm_start: bool,
                                   f"the model has {len(layouts)}: a warm start matches "
                                   f"tables layer by layer")
         found_routes = _warm_routes(layouts, path, saved, rename, report)
-    for layer, layer_routes in zip(layouts, found_routes):
+    for layer, layer_routes in zip(layouts, found_routes, strict=True):
         for route in layer_routes:
             layout = None if route.target is None else layer[route.target]
             if layout is not None and layout.state_width not in (0, route.width):
@@ -191,7 +191,7 @@ def _warm_routes(layouts, path, saved, rename, report):
         raise ValueError(f"rename_tables maps to {missing}, which the model does not have; "
                          f"its tables are {model_names}")
     routes = []
-    for layer, saved_layer, layer_groups in zip(layouts, saved, groups):
+    for layer, saved_layer, layer_groups in zip(layouts, saved, groups, strict=True):
         place = {name: (target, tag) for target, group in enumerate(layer_groups)
                  for tag, name in enumerate(group)}
         sources = {}              # the model's table -> the checkpoint's that loads into it
@@ -269,22 +269,23 @@ def drop_overridden(links: list, routes: list[list[Route]], chosen: dict, found:
     """
     if len(links) == 1:
         return
-    for l, layer in enumerate(routes):
+    for li, layer in enumerate(routes):
         for t in range(len(layer)):
             later = np.empty(0, np.int64)     # keys a later link holds or deleted
             for i in reversed(range(len(links))):
-                parts = found.get((i, l, t), [])
+                parts = found.get((i, li, t), [])
                 if later.size and parts:
                     survives = ~np.isin(np.concatenate([part[0] for part in parts]), later)
                     start = 0
-                    for f, (name, (saved, keys, tags)) in enumerate(zip(links[i][2], parts)):
+                    for f, (name, (saved, keys, tags)) in enumerate(
+                            zip(links[i][2], parts, strict=True)):
                         keep = survives[start:start + saved.size]
                         start += saved.size
-                        mask = chosen[i, name, l, t]
+                        mask = chosen[i, name, li, t]
                         mask[np.flatnonzero(mask)[~keep]] = False
                         kept = saved[keep]
                         parts[f] = (kept, kept if keys is saved else keys[keep], tags[keep])
                 if i:
                     later = np.union1d(later, np.concatenate(
-                        [part[0] for part in parts] + deleted.get((i, l, t), [])
+                        [part[0] for part in parts] + deleted.get((i, li, t), [])
                         + [np.empty(0, np.int64)]))

@@ -31,8 +31,16 @@ import torch.distributed as dist
 
 from reckeras import distributed
 from reckeras.checkpoint.files import fsync_dir, write_tensors
-from reckeras.checkpoint.format import (DENSE, INDEX, dense_variables, new_index,
-                                        read_index, resolve, table_file, tensor_name)
+from reckeras.checkpoint.format import (
+    DENSE,
+    INDEX,
+    dense_variables,
+    new_index,
+    read_index,
+    resolve,
+    table_file,
+    tensor_name,
+)
 from reckeras.embedding.row_dtypes import to_torch
 
 
@@ -77,8 +85,8 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
     distributed.barrier("the checkpoint's directory is made")
     states = [engine.table_states() if link is None else engine.changed_since(link["id"])
               for engine in engines]
-    tensors = {tensor_name(l, t, name): to_torch(array)
-               for l, layer in enumerate(states) for t, state in enumerate(layer)
+    tensors = {tensor_name(li, t, name): to_torch(array)
+               for li, layer in enumerate(states) for t, state in enumerate(layer)
                for name, array in state.arrays().items()}
     name = table_file(world.rank, world.size)
     checked = [(name, write_tensors(tensors, os.path.join(tmp, name)))]
@@ -90,7 +98,7 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
     if world.size > 1:
         # Rank 0 writes every file's checksum into the index (and its id is
         # the checkpoint's); the gather also waits for every rank's table file.
-        everyone = [None] * world.size
+        everyone: list[Any] = [None] * world.size
         with distributed.collective("gathering the checkpoint's table checksums"):
             dist.all_gather_object(everyone, (checked[0], identity))
         checked = [entry for entry, _ in everyone]

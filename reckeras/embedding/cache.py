@@ -6,9 +6,9 @@ row and its optimizer state in host memory (pinned when a GPU is present):
 the *host tier*, the store's `index`. A `RowCache` is the *device tier*:
 fixed `[capacity, dim]` weights (in the table's row dtype, as the host
 tier's) and `[capacity, state_width]` float32 state, allocated once at
-exactly the configured budget, so it can never grow past it. The host table knows nothing of the cache; the store keeps the two
-consistent (writes back before bulk reads, forgets cached rows when the host
-rows are replaced).
+exactly the configured budget, so it can never grow past it. The host table
+knows nothing of the cache; the store keeps the two consistent (writes back
+before bulk reads, forgets cached rows when the host rows are replaced).
 
 Per lookup the store resolves keys to host rows as a device table would and
 then asks the cache for their slots (`RowCache.resolve`): rows already
@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -104,7 +104,7 @@ class RowCache:
             ("steps", "lookups", "hits", "unique_lookups", "unique_hits", "rows_in",
              "rows_in_prefetched", "rows_out", "prefetches"), 0)
         self.stall_s = 0.0
-        self._stream = None          # CUDA side stream of the prefetches
+        self._stream: torch.cuda.Stream | None = None    # side stream of the prefetches
         self.configure(host.state.shape[1])
 
     # ---- layout -------------------------------------------------------------------
@@ -140,8 +140,7 @@ class RowCache:
             CacheBudgetError: `cache_bytes` holds no row of this width.
         """
         row_bytes = self.row_bytes(state_width)
-        capacity = sum(o.cache_rows if o.cache_rows is not None else o.cache_bytes // row_bytes
-                       for o in self.options)
+        capacity = sum(o.cache_capacity(row_bytes) for o in self.options)
         if capacity < 1:
             raise CacheBudgetError(
                 f"table(s) {self.names}: cache_bytes holds no row of {row_bytes} bytes "
@@ -381,12 +380,13 @@ class RowCache:
                 # released only once they landed, so a step never reads a slot early.
                 if self._stream is None:
                     self._stream = torch.cuda.Stream(self.device)
+                stream = self._stream
                 # After the updates already queued: a victim's write-back must
                 # read its value after the optimizer step that made it dirty.
-                self._stream.wait_stream(torch.cuda.default_stream(self.device))
-                with torch.cuda.stream(self._stream):
+                stream.wait_stream(torch.cuda.default_stream(self.device))
+                with torch.cuda.stream(stream):
                     self._ensure(rows, for_step=False)
-                self._stream.synchronize()
+                stream.synchronize()
             self.counters["prefetches"] += 1
 
     # ---- whole-cache operations -----------------------------------------------------
@@ -454,6 +454,9 @@ class HostCachedTable(DelegatingStore):
     slots, pin = store.resolve(keys, training=True)   # rows of store.weights
     ```
     """
+
+    inner: PhysicalTable        # the host tier
+    cache: RowCache
 
     def __init__(self, host: PhysicalTable, names: list[str],
                  options: list[TableOptions], device: str | torch.device):

@@ -34,16 +34,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import weakref
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from reckeras.distributed import collective
 from reckeras.embedding.sharding import owner_of
-
-if TYPE_CHECKING:
-    from reckeras.embedding.engine import EmbeddingEngine
 
 # Who runs an exchange's collectives, as PeerFailureError messages name it.
 STEP = "the training step"
@@ -121,17 +117,17 @@ class Exchange:
         Raises:
             PeerFailureError: a peer died, hung past the timeout or left.
         """
-        send_counts, recv_counts = send_counts.tolist(), recv_counts.tolist()
-        out = values.new_empty((sum(recv_counts),) + tuple(values.shape[1:]))
+        sent, received = send_counts.tolist(), recv_counts.tolist()
+        out = values.new_empty((sum(received), *values.shape[1:]))
         row_bytes = values[:1].numel() * values.element_size() if values.numel() else 0
         self.internode_bytes += row_bytes * sum(
-            c for c, remote in zip(send_counts, self.remote.tolist()) if remote)
+            c for c, remote in zip(sent, self.remote.tolist(), strict=True) if remote)
         if self.size == 1:
             out.copy_(values)
         else:
             with collective(f"{self.runner}'s exchange of embedding {what}"):
-                dist.all_to_all_single(out, values.contiguous(), recv_counts,
-                                       send_counts, group=self.group)
+                dist.all_to_all_single(out, values.contiguous(), received, sent,
+                                       group=self.group)
         return out
 
 
@@ -279,7 +275,7 @@ class HierarchicalRoute:
         """
         node_grads = self.intra.send(grads[self.order_a], self.counts_a, self.recv_a,
                                      "gradients")
-        summed = grads.new_zeros((self.num_unique,) + tuple(grads.shape[1:]))
+        summed = grads.new_zeros((self.num_unique, *grads.shape[1:]))
         summed.index_add_(0, self.inverse, node_grads)
         return self.inter.send(summed[self.order_b], self.counts_b, self.recv_b, "gradients")
 
@@ -291,9 +287,10 @@ class HierarchicalRoute:
 # them. Weak values: torch's registry keeps the groups until the default
 # group is destroyed, and this cache must not keep one past that (a gloo
 # group freed while the interpreter shuts down can abort the process).
-_groups = weakref.WeakValueDictionary()
-_not_member = set()           # keys of groups this rank is not in (no group object)
-_groups_world = None
+_groups: weakref.WeakValueDictionary[tuple, dist.ProcessGroup] = \
+    weakref.WeakValueDictionary()
+_not_member: set[tuple] = set()       # keys of groups this rank is not in (no group object)
+_groups_world: weakref.ref | None = None
 
 
 def _shared_group(ranks, timeout_s, runner):
@@ -452,7 +449,8 @@ class RoutedBatch:
     """The routes `EmbeddingEngine.route_ahead` planned for one batch.
 
     Args:
-        engine: the engine that planned them (and must look the batch up).
+        engine: the engine that planned them (and must look the batch up;
+            compared by identity only).
         ids: the batch's ids tensor (the very object `lookup` receives).
         offsets: its offsets tensor (likewise).
         training: whether the lookup trains.
@@ -461,7 +459,7 @@ class RoutedBatch:
             position among the batch's unique keys, and their route.
     """
 
-    engine: EmbeddingEngine
+    engine: object
     ids: torch.Tensor
     offsets: torch.Tensor
     training: bool

@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ from reckeras.backend_kernels.aggregation import unique_rows
 from reckeras.backend_kernels.hashing import table_keys
 from reckeras.backend_kernels.pooling import PooledLookup
 from reckeras.backend_kernels.sparse_optimizers import rounding_seed
-from reckeras.embedding.cache import HostCachedTable, RowCache
+from reckeras.embedding.cache import HostCachedTable
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter, RoutedBatch
 from reckeras.embedding.id_layout import IdLayout
 from reckeras.embedding.lifecycle import RowLifecycle
@@ -66,7 +67,7 @@ from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.physical_table import PhysicalTable
 from reckeras.embedding.regularization import RowPenalty, group_penalties
 from reckeras.embedding.row_dtypes import row_dtype
-from reckeras.embedding.row_store import RowStore
+from reckeras.embedding.row_store import DeviceCache, RowStore
 from reckeras.embedding.sharding import owner_of
 from reckeras.embedding.table_state import TableLayout, TableState, layout_of, load_arrays
 from reckeras.embedding.updates import DeferredUpdates, all_finite
@@ -128,24 +129,24 @@ class EmbeddingEngine:
             packing.group_tables, packing.group_options, packing.dims, regularizer,
             regularize)
         self.step = 0          # training lookups so far (the lifecycle's clock)
-        self.optimizer = None
+        self.optimizer: SparseOptimizer | None = None
         # The tables are not autograd leaves; this empty tensor is, so that
         # backward reaches PooledLookup even in a model with no dense weights.
         self.anchor = torch.zeros(0, requires_grad=True)
-        self._router = None
-        self.world = None
+        self._router: FlatRouter | HierarchicalRouter | None = None
+        self.world: distributed.World | None = None
         self.requests = 0      # unique keys this rank's tables served, all batches
-        self._deferred = None          # the open DeferredUpdates, see deferred_updates
+        self._deferred: DeferredUpdates | None = None     # the open one, see deferred_updates
         self.lookup_device = torch.device("cpu")     # of the latest lookup's ids
-        self._window_start = None      # (rows, evicted) at begin_window
-        self._delta_bases = {}         # checkpoint id -> the generation it ended
+        self._window_start: tuple[int, int] | None = None   # (rows, evicted) at begin_window
+        self._delta_bases: dict[str, int] = {}     # checkpoint id -> the generation it ended
 
     def _store(self, group, init_scale, seed, device):
         """The row store of one physical table, as its tables' options ask."""
         plan = self.packing
         dim, names = plan.dims[group], plan.group_tables[group]
         options = plan.group_options[group]
-        dtypes = {name: o.dtype for name, o in zip(names, options)}
+        dtypes = {name: o.dtype for name, o in zip(names, options, strict=True)}
         if len(set(dtypes.values())) > 1:
             raise ValueError(f"tables {names} share one physical table (dim {dim}) and "
                              f"need one row dtype; got {dtypes}. Give them the same "
@@ -176,7 +177,7 @@ class EmbeddingEngine:
         return any(store.cache is not None for store in self.tables)
 
     @property
-    def caches(self) -> list[RowCache | None]:
+    def caches(self) -> list[DeviceCache | None]:
         """The device tier (`cache.RowCache`) of each `host_cached` table,
         None for the others: to inspect a cache (tests, benchmarks)."""
         return [store.cache for store in self.tables]
@@ -188,7 +189,7 @@ class EmbeddingEngine:
             One `TableLayout` per physical table, in `tables` order.
         """
         return [layout_of(store, group)
-                for store, group in zip(self.tables, self.packing.group_tables)]
+                for store, group in zip(self.tables, self.packing.group_tables, strict=True)]
 
     def table_states(self) -> list[TableState]:
         """A copy of every physical table this rank holds.
@@ -208,7 +209,7 @@ class EmbeddingEngine:
         ```
         """
         return [TableState(layout, **store.export())
-                for store, layout in zip(self.tables, self.table_layouts())]
+                for store, layout in zip(self.tables, self.table_layouts(), strict=True)]
 
     def changed_since(self, checkpoint: str) -> list[TableState]:
         """The rows changed since a checkpoint, and the keys deleted since.
@@ -226,7 +227,7 @@ class EmbeddingEngine:
         """
         generation = self._delta_bases[checkpoint]
         return [TableState(layout, **store.export_changes(generation))
-                for store, layout in zip(self.tables, self.table_layouts())]
+                for store, layout in zip(self.tables, self.table_layouts(), strict=True)]
 
     @property
     def delta_bases(self) -> frozenset[str]:
@@ -258,7 +259,7 @@ class EmbeddingEngine:
         ended = [store.index.next_generation() for store in self.tables]
         if full:
             self._delta_bases = {}
-            for store, generation in zip(self.tables, ended):
+            for store, generation in zip(self.tables, ended, strict=True):
                 store.index.forget_deleted(generation)
         if checkpoint is not None and ended:
             # The tables of one engine advance together: one generation.
@@ -283,12 +284,12 @@ class EmbeddingEngine:
         if len(states) != len(self.tables):
             raise ValueError(f"{len(states)} tables given, the embedding layer has "
                              f"{len(self.tables)} (one per distinct dim)")
-        for store, state in zip(self.tables, states):
+        for store, state in zip(self.tables, states, strict=True):
             shape = np.shape(state.weights)
             if len(shape) != 2 or shape[1] != store.dim:
                 raise ValueError(f"table {store.name} cannot load weights of shape "
                                  f"{shape}: its rows have {store.dim} values")
-        for store, state in zip(self.tables, states):
+        for store, state in zip(self.tables, states, strict=True):
             store.load(load_arrays(state))
 
     # ---- time windows -------------------------------------------------------------
@@ -354,14 +355,14 @@ class EmbeddingEngine:
             The router (None in one process).
         """
         if self.world is None:
-            self.world = distributed.world()
-            if self.world.size > 1:
+            world = self.world = distributed.world()
+            if world.size > 1:
                 distributed.check_same_on_all_ranks(
                     "the embedding layer's feature/table configuration",
                     repr([(s.name, s.table, s.dim) for s in self.packing.slots]))
-                kind = HierarchicalRouter if self.world.hierarchical else FlatRouter
-                self._router = kind(self.world.size, self.world.rank,
-                                    self.world.ranks_per_node, self.world.timeout_s)
+                kind = HierarchicalRouter if world.hierarchical else FlatRouter
+                self._router = kind(world.size, world.rank, world.ranks_per_node,
+                                    world.timeout_s)
         return self._router
 
     def set_optimizer(self, optimizer: SparseOptimizer) -> None:
@@ -375,7 +376,7 @@ class EmbeddingEngine:
         for store in self.tables:
             store.configure_state(optimizer.state_width(store.dim), initial)
 
-    def _checked_optimizer(self):
+    def _checked_optimizer(self) -> SparseOptimizer:
         if self.optimizer is None:
             raise RuntimeError("the embedding tables have no optimizer: compile the "
                                "model with embedding_optimizer=... before training")
@@ -438,7 +439,8 @@ class EmbeddingEngine:
         total_penalty = torch.zeros((), device=ids.device) if return_penalty else None
         for layout, (group, (chosen, group_tags, group_weight, group_destination)) in zip(
                 plan.layouts,
-                enumerate(self.id_layout.groups(offsets, batch, per_id, ids, weights))):
+                enumerate(self.id_layout.groups(offsets, batch, per_id, ids, weights)),
+                strict=True):
             # One iteration per distinct dim.
             group_keys = keys if chosen is None else keys.index_select(0, chosen)
             # The step's update rounds half rows with bits of its own (and the
@@ -514,7 +516,7 @@ class EmbeddingEngine:
         if self._deferred is not None:
             raise RuntimeError("deferred_updates is already open on this embedding "
                                "engine; apply or discard the open one first")
-        updates = DeferredUpdates(self)
+        updates = DeferredUpdates(lambda: self.lookup_device)
         self._deferred = updates
         try:
             yield updates
@@ -537,6 +539,14 @@ class EmbeddingEngine:
     def _apply_row_grads(self, store, rows, grads, round_seed):
         store.mark_written(rows)
         self._checked_optimizer().apply(store.weights, store.state, rows, grads, round_seed)
+
+    def _apply_pooled_grads(self, store, rows, grad_out, unique_index, destination,
+                            id_weight, round_seed):
+        store.mark_written(rows)
+        # The store's arrays are read now: they may have grown since the lookup.
+        self._checked_optimizer().apply_pooled(store.weights, store.state, rows, grad_out,
+                                               unique_index, destination, id_weight,
+                                               round_seed)
 
     def route_ahead(self, ids: torch.Tensor, offsets: torch.Tensor,
                     training: bool) -> RoutedBatch:
@@ -623,8 +633,11 @@ class EmbeddingEngine:
         if not bool(missing.any()):
             unique, unique_index = unique_rows(rows, store.row_bound)
             self.requests += unique.numel()
-            return store.weights, unique, unique_index, _RowUpdate(self, store, pin,
-                                                                   round_seed)
+            update = _RowUpdate(
+                self._update, pin,
+                functools.partial(self._apply_row_grads, store, round_seed=round_seed),
+                functools.partial(self._apply_pooled_grads, store, round_seed=round_seed))
+            return store.weights, unique, unique_index, update
         present = (~missing).nonzero().squeeze(1)
         unique, position = unique_rows(rows[present], store.row_bound)
         self.requests += unique.numel()
@@ -669,28 +682,20 @@ class _RowUpdate:
 
     `apply_pooled` hands the pooled gradient to the optimizer, which (on
     CUDA, or with the native CPU kernels) aggregates it per row and updates
-    the rows in one pass.
+    the rows in one pass. Either update runs through `schedule` (the
+    engine's: now, or queued in its open deferral); `pin` keeps its rows.
     """
 
-    def __init__(self, engine, store, pin, round_seed):
-        self.engine, self.store, self.pin = engine, store, pin
-        self.round_seed = round_seed
+    def __init__(self, schedule, pin, apply_rows, apply_pooled):
+        self._schedule, self._pin = schedule, pin
+        self._apply_rows, self._apply_pooled = apply_rows, apply_pooled
 
     def __call__(self, rows, grads, penalized_grads=None):
         if penalized_grads is not None:     # the penalty of the same rows
             grads = grads + penalized_grads
-        self.engine._update(grads, functools.partial(
-            self.engine._apply_row_grads, self.store, rows, grads, self.round_seed),
-            self.pin)
+        self._schedule(grads, functools.partial(self._apply_rows, rows, grads), self._pin)
 
     def apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
-        self.engine._update(grad_out, functools.partial(
-            self._apply_pooled, rows, grad_out, unique_index, destination, id_weight),
-            self.pin)
-
-    def _apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
-        self.store.mark_written(rows)
-        # The store's arrays are read now: they may have grown since the lookup.
-        self.engine._checked_optimizer().apply_pooled(
-            self.store.weights, self.store.state, rows, grad_out, unique_index,
-            destination, id_weight, self.round_seed)
+        self._schedule(grad_out, functools.partial(self._apply_pooled, rows, grad_out,
+                                                   unique_index, destination, id_weight),
+                       self._pin)

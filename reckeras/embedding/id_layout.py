@@ -9,7 +9,7 @@ to per-id values by one `repeat_interleave` per tensor (see `IdLayout.slots_of`)
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

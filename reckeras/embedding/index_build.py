@@ -38,16 +38,17 @@ class IndexBuild:
         table: a weak reference to the table: a table dropped with a build
             under way ends it (the thread holds no reference that would keep
             the table, and itself, alive).
+        name: the table's name (names the thread).
     """
 
     def __init__(self, slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
-                 rows: int, table: weakref.ref):
+                 rows: int, table: weakref.ref, name: str):
         self.rows = rows
-        self._outcome = {}
+        self._outcome: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._install = threading.Event()
         self._thread = threading.Thread(
             target=self._build, args=(slot_keys, slot_rows, capacity, table),
-            name=f"reckeras-index-{table().name}", daemon=True)
+            name=f"reckeras-index-{name}", daemon=True)
         _UNDER_WAY.add(self)
         self._thread.start()
 
@@ -93,7 +94,7 @@ class IndexBuild:
 # inside a parallel torch op then (the rehash's fills) aborts the process
 # ("terminate called without an active exception", exit code 134) after a
 # training script has finished.
-_UNDER_WAY: "weakref.WeakSet[IndexBuild]" = weakref.WeakSet()
+_UNDER_WAY: weakref.WeakSet[IndexBuild] = weakref.WeakSet()
 
 
 @atexit.register

@@ -35,16 +35,13 @@ them too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from reckeras.backend_kernels import hash_table
 from reckeras.embedding.options import TableOptions
-from reckeras.embedding.row_store import DelegatingStore, RowStore
-
-if TYPE_CHECKING:
-    from reckeras.embedding.cache import Pin
+from reckeras.embedding.row_store import DelegatingStore, Pin, RowStore
 
 NEVER = 2**62
 
@@ -207,6 +204,9 @@ class RowLifecycle(DelegatingStore):
         """
         if not training:
             return self.inner.resolve(keys, training)
+        if tags is None:
+            raise ValueError(f"table {self.name}: a training lookup needs the keys' tags "
+                             f"(its store needs_tags)")
         index = self.index
         with self.inner.locked():
             rows = self._admitted_rows(keys.to(index.device), tags.to(index.device))
@@ -328,6 +328,7 @@ class RowLifecycle(DelegatingStore):
         capacity = self.index.weights.shape[0]
         self.last_step, self.last_window, self.hits = (
             torch.zeros(capacity, dtype=torch.int64) for _ in range(3))
-        for values, old in zip((self.last_step, self.last_window, self.hits), kept):
+        for values, old in zip((self.last_step, self.last_window, self.hits), kept,
+                               strict=True):
             values[rows] = old
         return rows

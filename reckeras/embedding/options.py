@@ -140,6 +140,24 @@ class TableOptions:
         return (self.admit_after, self.evict_idle_steps, self.evict_min_hits,
                 self.evict_idle_windows) != (1, None, None, None)
 
+    def cache_capacity(self, row_bytes: int) -> int:
+        """This table's share of its device cache, in rows (`host_cached` only).
+
+        Args:
+            row_bytes: bytes of one cached row (weights and optimizer state).
+
+        Returns:
+            `cache_rows`, or the rows of `row_bytes` that `cache_bytes` holds.
+
+        Raises:
+            ValueError: the table has no cache (storage `"device"`).
+        """
+        if self.cache_rows is not None:
+            return self.cache_rows
+        if self.cache_bytes is None:
+            raise ValueError(f"TableOptions(storage={self.storage!r}) has no device cache")
+        return self.cache_bytes // row_bytes
+
     def get_config(self) -> dict:
         """The fields as a dict: `TableOptions(**config)` rebuilds the options.
 

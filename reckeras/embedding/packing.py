@@ -117,7 +117,7 @@ class PackingPlan:
                  table_options: dict[str, TableOptions] | None = None):
         self.slots = list(slots)
         self.dims = sorted({s.dim for s in self.slots})
-        self.tables = {}
+        self.tables: dict[str, int] = {}     # logical table -> dim
         for spec in self.slots:
             self.tables.setdefault(spec.table, spec.dim)
         table_options = dict(table_options or {})
@@ -130,12 +130,13 @@ class PackingPlan:
                              for d in self.dims]
         self.group_options = [[table_options.get(t, TableOptions()) for t in tables]
                               for tables in self.group_tables]
-        for dim, tables, options in zip(self.dims, self.group_tables, self.group_options):
+        for dim, tables, options in zip(self.dims, self.group_tables, self.group_options,
+                                        strict=True):
             # One physical table has one storage: its logical tables must agree.
             kinds = {(o.storage, o.cache_policy) for o in options}
             if len(kinds) > 1:
                 described = {t: f"{o.storage}/{o.cache_policy}"
-                             for t, o in zip(tables, options)}
+                             for t, o in zip(tables, options, strict=True)}
                 raise ValueError(
                     f"tables of dim {dim} are packed into one physical table, so they "
                     f"need one storage and cache policy; got {described}. Give them "
@@ -218,7 +219,7 @@ class PackingPlan:
             pooled = groups[0][0]
             return pooled.reshape(pooled.shape[0], -1)
         by_name = {}
-        for layout, (pooled, sequences) in zip(self.layouts, groups):
+        for layout, (pooled, sequences) in zip(self.layouts, groups, strict=True):
             for index, name in enumerate(layout.pooled):   # a few dims: views
                 by_name[name] = pooled[:, index]
             by_name.update(sequences)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import ContextManager
 
 import numpy as np
 import torch
@@ -50,8 +49,7 @@ import torch
 from reckeras._allocator import release_free_memory
 from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import initial_rows
-from reckeras.embedding.host_memory import (available_host_bytes, physical_host_bytes,
-                                            reserve_memory)
+from reckeras.embedding.host_memory import available_host_bytes, physical_host_bytes, reserve_memory
 from reckeras.embedding.index_build import IndexBuild
 from reckeras.embedding.row_dtypes import to_numpy, to_torch
 from reckeras.embedding.row_store import RowStore
@@ -99,6 +97,11 @@ class PhysicalTable(RowStore):
     ```
     """
 
+    # Arrays of its own (the protocol's are read-only: a store may compute them).
+    weights: torch.Tensor
+    state: torch.Tensor
+    tags: torch.Tensor | None
+
     def __init__(self, dim: int, init_scale: float = 0.05, seed: int = 0,
                  device: str | torch.device | None = None, name: str | None = None,
                  pin_memory: bool = False, num_tables: int = 1,
@@ -127,8 +130,9 @@ class PhysicalTable(RowStore):
         # at 0 without a write.
         self.seen_steps = torch.zeros(2, dtype=torch.int32, device=self.device)
         self.generation = 1
-        self.deleted = []           # tombstones: (int64 keys on the CPU, generation)
-        self._reservations = {}     # array name -> the reserved memory it views
+        # Tombstones: (int64 keys on the CPU, generation).
+        self.deleted: list[tuple[torch.Tensor, int]] = []
+        self._reservations: dict[str, torch.Tensor] = {}   # array name -> its reserved memory
         self._rows_written = 0      # the most rows ever held (reserved pages touched)
         self._next_index = None     # an IndexBuild under way
 
@@ -160,7 +164,7 @@ class PhysicalTable(RowStore):
         """
         return self.place(self.rows_of(keys, insert=training, tags=tags), training)
 
-    def locked(self) -> ContextManager:
+    def locked(self) -> contextlib.AbstractContextManager:
         """Nothing runs beside the step on a device table (no prefetch).
 
         Returns:
@@ -268,7 +272,7 @@ class PhysicalTable(RowStore):
         elif self._next_index is None and self.num_rows > limit * BUILD_AHEAD_AT and \
                 capacity >= BUILD_AHEAD_FROM_SLOTS and self.device.type == "cpu":
             self._next_index = IndexBuild(self.slot_keys, self.slot_rows, 2 * capacity,
-                                           self.num_rows, weakref.ref(self))
+                                           self.num_rows, weakref.ref(self), self.name)
 
     def _install_index(self, capacity):
         """Replaces the index by one of at least `capacity` slots: the
@@ -541,8 +545,8 @@ class PhysicalTable(RowStore):
         """
         changed = (self.written_at[:self.num_rows] > since).nonzero().squeeze(1)
         arrays = self._rows(changed)
-        deleted = [keys for keys, generation in self.deleted if generation > since]
-        deleted = torch.unique(torch.cat(deleted)) if deleted else \
+        recent = [keys for keys, generation in self.deleted if generation > since]
+        deleted = torch.unique(torch.cat(recent)) if recent else \
             torch.empty(0, dtype=torch.int64)
         # A key freed and created again holds a row: it is among the changed rows.
         arrays["deleted"] = deleted[self.find(deleted.to(self.device)).cpu() < 0].numpy()

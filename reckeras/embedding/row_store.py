@@ -23,13 +23,89 @@ adding a member to the protocol adds it to every wrapper.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from reckeras.embedding.cache import Pin, RowCache
-    from reckeras.embedding.physical_table import PhysicalTable
+# The protocol names the parts of a store by what its callers use of them,
+# not by the classes that implement them (`physical_table`, `cache`): those
+# import this module.
+
+
+class RowIndex(Protocol):
+    """What a store's callers use of its `index` (a `PhysicalTable`): every
+    row this rank holds, found by key."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where its arrays live."""
+
+    @property
+    def num_rows(self) -> int:
+        """Rows it holds."""
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """Its rows, `[capacity, dim]`."""
+
+    @property
+    def tags(self) -> torch.Tensor | None:
+        """Each row's logical table (int32), None where it does not track them."""
+
+    def find(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rows of keys, without creating any.
+
+        Args:
+            keys: int64 table keys.
+
+        Returns:
+            int64 rows, -1 where a key has none.
+        """
+
+    def find_or_insert(self, keys: torch.Tensor,
+                       tags: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows of keys, created for new keys.
+
+        Args:
+            keys: int64 table keys.
+            tags: each key's logical table, kept for new rows (or None).
+
+        Returns:
+            int64 rows.
+        """
+
+    def track_tags(self) -> None:
+        """Keeps each row's logical table from now on."""
+
+    def next_generation(self) -> int:
+        """Ends the save generation.
+
+        Returns:
+            The generation ended.
+        """
+
+    def forget_deleted(self, until: int) -> None:
+        """Drops the deleted keys recorded up to a generation.
+
+        Args:
+            until: the last generation whose deleted keys are dropped.
+        """
+
+
+class Pin(Protocol):
+    """What keeps the rows of one lookup in place until its update ran (a
+    device cache's slots, `cache.Pin`)."""
+
+    def release(self) -> None:
+        """Lets the rows move again (once: releasing again does nothing)."""
+
+
+class DeviceCache(Protocol):
+    """The device tier of a `host_cached` store (`cache.RowCache`)."""
+
+    def stats(self) -> dict:
+        """Its hit rates, rows and bytes moved, stall time and budget so far."""
 
 
 class RowStore(abc.ABC):
@@ -89,12 +165,25 @@ class RowStore(abc.ABC):
     dim: int
     name: str
     needs_tags: bool
-    index: PhysicalTable
-    weights: torch.Tensor
-    state: torch.Tensor
-    row_bound: int
+    if TYPE_CHECKING:
+        # Read-only to the callers, as properties tell the type checker: a
+        # store may compute them (a cached store's arrays are its cache's).
+        # At run time they are annotations like the others (`protocol_members`).
+        @property
+        def index(self) -> RowIndex: ...
+        @property
+        def weights(self) -> torch.Tensor: ...
+        @property
+        def state(self) -> torch.Tensor: ...
+        @property
+        def row_bound(self) -> int: ...
+    else:
+        index: RowIndex
+        weights: torch.Tensor
+        state: torch.Tensor
+        row_bound: int
     num_rows: int
-    cache: RowCache | None = None
+    cache: DeviceCache | None = None
     evicted: int = 0
     ages_by_windows: bool = False
 
@@ -131,7 +220,9 @@ class RowStore(abc.ABC):
                 allowed: no row).
         """
 
-    def check_fits(self, keys: torch.Tensor, training: bool) -> None:
+    # The empty bodies below are the defaults of a store without the
+    # capability (B027 asks for abstract methods).
+    def check_fits(self, keys: torch.Tensor, training: bool) -> None:  # noqa: B027
         """Raises before anything changes if one lookup of `keys` cannot
         fit (a device cache's budget); a store without a cache always fits.
 
@@ -140,7 +231,7 @@ class RowStore(abc.ABC):
             training: the lookup may create rows for keys not seen yet.
         """
 
-    def begin_step(self, step: int) -> None:
+    def begin_step(self, step: int) -> None:  # noqa: B027
         """A training step begins, before it resolves any row (a lifecycle
         runs its eviction pass here when one is due; other stores do nothing).
 
@@ -157,7 +248,7 @@ class RowStore(abc.ABC):
         """
         return 0
 
-    def prefetch(self, keys: torch.Tensor) -> None:
+    def prefetch(self, keys: torch.Tensor) -> None:  # noqa: B027
         """Brings the existing rows of `keys` close to the lookup ahead of
         time (a device cache); creates no row, changes no value. A store
         without a cache has nothing to bring.
@@ -166,7 +257,7 @@ class RowStore(abc.ABC):
             keys: int64 keys a coming batch will look up.
         """
 
-    def release_pins(self) -> None:
+    def release_pins(self) -> None:  # noqa: B027
         """Unpins every row (lookups whose step failed before its update);
         a store without a cache pins nothing."""
 
@@ -238,7 +329,7 @@ class RowStore(abc.ABC):
     # ---- what a wrapper uses of the store it wraps -----------------------------
 
     @abc.abstractmethod
-    def locked(self) -> ContextManager:
+    def locked(self) -> AbstractContextManager:
         """Holds what keeps a concurrent `prefetch` off the store's index.
 
         A wrapper that changes the index itself (a lifecycle admitting keys)
@@ -347,5 +438,6 @@ class DelegatingStore(RowStore):
 
 for _member in protocol_members():
     setattr(DelegatingStore, _member, _Forwarded(_member))
-abc.update_abstractmethods(DelegatingStore)
+# The type checker cannot see the members set just above: the class is concrete now.
+abc.update_abstractmethods(DelegatingStore)  # type: ignore[type-abstract]
 del _member

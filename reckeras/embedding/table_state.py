@@ -18,6 +18,7 @@ with the current generation, see `physical_table`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -130,7 +131,7 @@ def layout_of(store: RowStore, tables: list[str]) -> TableLayout:
                        ages_by_windows=store.ages_by_windows)
 
 
-def load_arrays(state: TableState) -> dict:
+def load_arrays(state: TableState) -> dict[str, Any]:
     """What `RowStore.load` takes for a state.
 
     Args:
@@ -139,7 +140,7 @@ def load_arrays(state: TableState) -> dict:
     Returns:
         The state's arrays, with `"window"` where it has one.
     """
-    arrays = state.arrays()
+    arrays: dict[str, Any] = state.arrays()
     if state.window is not None:
         arrays["window"] = state.window
     return arrays

@@ -11,13 +11,13 @@ for bit, as updates applied during it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from reckeras.embedding.cache import Pin
-    from reckeras.embedding.engine import EmbeddingEngine
+    from reckeras.embedding.row_store import Pin
 
 
 def all_finite(tensor: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,8 @@ class DeferredUpdates:
     every rank applies (and joins the gradient exchanges) or none does.
 
     Args:
-        engine: the engine whose lookups queue here.
+        lookup_device: the device of the engine's latest lookup, asked when
+            `finite()` has no update to answer for.
 
     Example:
 
@@ -67,10 +68,10 @@ class DeferredUpdates:
     ```
     """
 
-    def __init__(self, engine: EmbeddingEngine):
-        self._engine = engine
-        self._pending = []          # (update, pin), in backward order
-        self._flags = []            # one 0-d bool per update queued in the block
+    def __init__(self, lookup_device: Callable[[], torch.device]):
+        self._lookup_device = lookup_device
+        self._pending: list[tuple[Callable[[], None], Pin | None]] = []   # backward order
+        self._flags: list[torch.Tensor] = []    # one 0-d bool per update queued in the block
 
     def queue(self, finite: torch.Tensor, update: Callable[[], None],
               pin: Pin | None) -> None:
@@ -99,7 +100,7 @@ class DeferredUpdates:
             lookup).
         """
         if not self._flags:
-            return torch.ones((), dtype=torch.bool, device=self._engine.lookup_device)
+            return torch.ones((), dtype=torch.bool, device=self._lookup_device())
         device = self._flags[0].device
         return torch.stack([flag.to(device) for flag in self._flags]).all()
 

@@ -9,5 +9,13 @@ from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.layers.transformer import TransformerBlock
 
-__all__ = ["CrossNet", "DotInteraction", "FM", "FeatureColumns", "MLP",
-           "ShardedEmbedding", "TargetAttention", "TransformerBlock"]
+__all__ = [
+           "FM",
+           "MLP",
+           "CrossNet",
+           "DotInteraction",
+           "FeatureColumns",
+           "ShardedEmbedding",
+           "TargetAttention",
+           "TransformerBlock",
+]

@@ -69,7 +69,7 @@ class TargetAttention(keras.layers.Layer):
         super().__init__(**kwargs)
         if (not isinstance(units, (list, tuple))
                 or not all(isinstance(u, numbers.Integral) and not isinstance(u, bool)
-                           and u > 0 for u in units)):
+                           and int(u) > 0 for u in units)):
             raise ValueError(f"TargetAttention units must be a list of positive ints, "
                              f"e.g. [80, 40]; got {units!r}.")
         if not isinstance(softmax, bool):
@@ -78,7 +78,7 @@ class TargetAttention(keras.layers.Layer):
         self.units = [int(u) for u in units]
         self.softmax = softmax
         self.activation = resolve_activation("TargetAttention", "activation", activation)
-        self._scorer = MLP(self.units + [1], activation=self.activation,
+        self._scorer = MLP([*self.units, 1], activation=self.activation,
                            dtype=self.dtype_policy, name="scorer")
 
     def _check_shapes(self, input_shape: Any) -> tuple[tuple, tuple]:

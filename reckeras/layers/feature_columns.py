@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import keras
 import numpy as np
@@ -12,8 +13,7 @@ import torch
 from reckeras import _keras_compat
 from reckeras.features import encode as encoding
 from reckeras.features.plan import TransformPlan
-from reckeras.features.specs import (LENGTHS, Categorical, Numeric, Sequence, deserialize,
-                                     serialize)
+from reckeras.features.specs import LENGTHS, Categorical, Numeric, Sequence, deserialize, serialize
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -63,7 +63,8 @@ class FeatureColumns(keras.layers.Layer):
                                    trainable=False, name="std")
         self.adapted = self.add_weight(shape=(), initializer="zeros",
                                        trainable=False, name="adapted")
-        self._prepacked = None      # (an input tensor, its batch's packed output)
+        # (an input tensor, its batch's packed output)
+        self._prepacked: tuple[Any, tuple] | None = None
 
     # ---- declaration ---------------------------------------------------------
 

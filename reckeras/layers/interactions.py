@@ -53,7 +53,7 @@ class DotInteraction(keras.layers.Layer):
         super().__init__(**kwargs)
         self.self_interaction = bool(self_interaction)
         self.skip_connection = bool(skip_connection)
-        self._pair_index_by_device = {}
+        self._pair_index_by_device: dict[str, torch.Tensor] = {}
 
     def _batch_vectors_dim(self, input_shape: Any) -> tuple[int | None, int, int]:
         """Validates the input shapes; returns `(B, n, D)`."""
@@ -109,16 +109,16 @@ class DotInteraction(keras.layers.Layer):
         return self._pair_index_by_device[key]
 
     def call(self, inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
-        if isinstance(inputs, (list, tuple)):
-            x, emb = inputs
-            vectors = torch.cat([x.unsqueeze(1), emb], dim=1)
-        else:
-            x, vectors = None, inputs
+        if not isinstance(inputs, (list, tuple)):
+            return self._pairs(inputs)         # build refused skip_connection here
+        x, emb = inputs
+        pairs = self._pairs(torch.cat([x.unsqueeze(1), emb], dim=1))
+        return torch.cat([x, pairs], dim=1) if self.skip_connection else pairs
+
+    def _pairs(self, vectors: torch.Tensor) -> torch.Tensor:
+        """The dot products of the chosen pairs of `vectors` (`[B, n, D]`)."""
         gram = torch.bmm(vectors, vectors.transpose(1, 2)).flatten(1)
-        pairs = gram.index_select(1, self._pair_index_on(gram.device))
-        if self.skip_connection:
-            return torch.cat([x, pairs], dim=1)
-        return pairs
+        return gram.index_select(1, self._pair_index_on(gram.device))
 
     def compute_output_shape(self, input_shape: Any) -> tuple[int | None, int]:
         batch, vectors, dim = self._batch_vectors_dim(input_shape)

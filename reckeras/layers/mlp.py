@@ -105,7 +105,7 @@ class MLP(keras.layers.Layer):
         super().__init__(**kwargs)
         if (not isinstance(units, (list, tuple)) or not units
                 or not all(isinstance(u, numbers.Integral)
-                           and not isinstance(u, bool) and u > 0
+                           and not isinstance(u, bool) and int(u) > 0
                            for u in units)):
             raise ValueError(
                 f"MLP units must be a non-empty list of positive ints, e.g. "
@@ -117,16 +117,17 @@ class MLP(keras.layers.Layer):
         if norm is not None and norm not in _NORM_LAYERS:
             raise ValueError(
                 f"MLP norm must be None, 'batch' or 'layer'; got {norm!r}.")
-        self.units = [int(u) for u in units]
-        self.activation = resolve_activation("MLP", "activation", activation)
-        self.output_activation = resolve_activation("MLP", "output_activation",
-                                                    output_activation)
-        self.dropout = float(dropout)
-        self.norm = norm
-        self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.units: list[int] = [int(u) for u in units]
+        self.activation: Callable = resolve_activation("MLP", "activation", activation)
+        self.output_activation: Callable = resolve_activation("MLP", "output_activation",
+                                                              output_activation)
+        self.dropout: float = float(dropout)
+        self.norm: str | None = norm
+        self.use_bias: bool = use_bias
+        self.kernel_initializer: keras.initializers.Initializer = keras.initializers.get(
+            kernel_initializer)
 
-        self._stack = []
+        self._stack: list[keras.layers.Layer] = []
         for width in self.units[:-1]:
             self._stack.append(keras.layers.Dense(
                 width, use_bias=use_bias,
@@ -195,7 +196,7 @@ class MLP(keras.layers.Layer):
 
     def compute_output_shape(
             self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
-        return tuple(input_shape)[:-1] + (self.units[-1],)
+        return (*input_shape[:-1], self.units[-1])
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

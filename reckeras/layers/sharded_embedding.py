@@ -140,9 +140,11 @@ class ShardedEmbedding(keras.layers.Layer):
                                       device=_keras_compat.keras_device(),
                                       regularizer=self.embeddings_regularizer,
                                       regularize=regularize)
-        self._output_shapes = {
-            s.name: (None, s.dim) if s.pooled else (None, s.max_len, s.dim)
-            for s in plan.sparse_in_declaration_order}
+        layouts = self.packing.layouts
+        self._output_shapes: dict[str, tuple[None, int] | tuple[None, int, int]] = {
+            **{name: (None, layout.dim) for layout in layouts for name in layout.pooled},
+            **{name: (None, max_len, layout.dim) for layout in layouts
+               for name, max_len in layout.unpooled}}
 
     def _table_options(self, name, options):
         """A table's `TableOptions` (or dict of its fields), its regularizer

@@ -132,15 +132,16 @@ class TransformerBlock(keras.layers.Layer):
                 or not 0.0 <= dropout < 1.0):
             raise ValueError(f"TransformerBlock dropout must be a rate in [0, 1); got "
                              f"{dropout!r}.")
-        self.dropout = float(dropout)
-        self.causal = _check_bool("causal", causal)
-        self.norm_first = _check_bool("norm_first", norm_first)
-        self.learned_positions = _check_bool("learned_positions", learned_positions)
-        self.activation = resolve_activation("TransformerBlock", "activation", activation)
+        self.dropout: float = float(dropout)
+        self.causal: bool = _check_bool("causal", causal)
+        self.norm_first: bool = _check_bool("norm_first", norm_first)
+        self.learned_positions: bool = _check_bool("learned_positions", learned_positions)
+        self.activation: Callable = resolve_activation("TransformerBlock", "activation",
+                                                       activation)
         if (isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real)
                 or not epsilon > 0):
             raise ValueError(f"TransformerBlock epsilon must be > 0; got {epsilon!r}.")
-        self.epsilon = float(epsilon)
+        self.epsilon: float = float(epsilon)
         self.supports_masking = True
 
     def _check_shape(self, input_shape: Any) -> tuple[int | None, int | None, int]:

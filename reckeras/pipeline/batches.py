@@ -11,8 +11,10 @@ model's FeatureColumns before it reaches the model.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -151,14 +153,15 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
                         f"DataLoaders are not read: wrap the data in a Table or a "
                         f"dict, or write it to parquet")
     table = as_table(x)
+    label_columns: str | dict[str, str] | None = label
     if isinstance(y, dict):
-        label = {}
+        label_columns = {output: f"{LABEL_COLUMN}{output}" for output in y}
         for output, values in y.items():
-            label[output] = f"{LABEL_COLUMN}{output}"
-            table = table.append_column(label[output], _label_column(values, table, output))
+            table = table.append_column(label_columns[output],
+                                        _label_column(values, table, output))
     elif y is not None:
         table = table.append_column(LABEL_COLUMN, _label_column(y, table, "y"))
-        label = LABEL_COLUMN
+        label_columns = LABEL_COLUMN
     if sample_weight is not None and weight_column is None:
         weights = np.asarray(sample_weight, dtype=np.float32)
         if weights.shape != (table.num_rows,):
@@ -166,9 +169,9 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
                              f"({table.num_rows},), got {weights.shape}")
         table = table.append_column(WEIGHT_COLUMN, pa.array(weights))
         weight_column = WEIGHT_COLUMN
-    if isinstance(label, str) and label not in table.column_names:
-        label = None
-    return InMemoryData(table, label), weight_column
+    if isinstance(label_columns, str) and label_columns not in table.column_names:
+        label_columns = None
+    return InMemoryData(table, label_columns), weight_column
 
 
 def _label_column(values, table, name):
@@ -198,13 +201,17 @@ def check_class_weight(class_weight: dict | None) -> dict | None:
                          f"got {class_weight!r}")
     checked = {}
     for key, value in class_weight.items():
-        if not isinstance(key, numbers.Integral) and not (
-                isinstance(key, numbers.Real) and float(key).is_integer()):
+        if isinstance(key, numbers.Integral):
+            index = int(key)
+        elif isinstance(key, numbers.Real) and float(key).is_integer():
+            index = int(float(key))
+        else:
             raise ValueError(f"class_weight keys must be class indices (ints), got {key!r}")
-        if not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
+        weight = float(value) if isinstance(value, numbers.Real) else math.nan
+        if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"class_weight[{key!r}] must be a finite number >= 0, "
                              f"got {value!r}")
-        checked[int(key)] = float(value)
+        checked[index] = weight
     return checked
 
 
@@ -256,6 +263,7 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
         `(dict of input tensors, labels or None, weights or None)`.
     """
     inputs = as_tensors(columns.encode(batch))
+    labels: dict[str, np.ndarray] | np.ndarray | None
     if isinstance(targets.label, dict):
         labels = {output: _labels(batch, column, column in targets.binary)
                   for output, column in targets.label.items()}
@@ -272,18 +280,18 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
     if targets.class_weight is not None:
         by_class = _class_weights(labels, targets.class_weight)
         weights = by_class if weights is None else weights * by_class
-    labels = None if labels is None else \
+    label_tensors = None if labels is None else \
         {output: torch.from_numpy(y) for output, y in labels.items()} \
         if isinstance(labels, dict) else torch.from_numpy(labels)
-    weights = None if weights is None else torch.from_numpy(
+    weight_tensor = None if weights is None else torch.from_numpy(
         np.require(weights, requirements="W"))
     if torch.device(device).type == "cpu":
-        return inputs, labels, weights
+        return inputs, label_tensors, weight_tensor
     return ({name: value.to(device) for name, value in inputs.items()},
-            None if labels is None else
-            {output: y.to(device) for output, y in labels.items()}
-            if isinstance(labels, dict) else labels.to(device),
-            None if weights is None else weights.to(device))
+            None if label_tensors is None else
+            {output: y.to(device) for output, y in label_tensors.items()}
+            if isinstance(label_tensors, dict) else label_tensors.to(device),
+            None if weight_tensor is None else weight_tensor.to(device))
 
 
 def _labels(batch, label, binary):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import torch
 
 from reckeras import _keras_compat
 
@@ -38,7 +39,7 @@ class DeclaredInputs:
         self.names = set(keys)
         self._dtypes_and_ranks = [(_keras_compat.torch_dtype(t.dtype), len(t.shape))
                                   for t in tensors]
-        self._signatures = {}
+        self._signatures: dict[str, list[tuple[torch.dtype, int, str]]] = {}
         self.fixed_sizes = [(index, axis, size) for index, t in enumerate(tensors)
                             for axis, size in enumerate(t.shape) if size is not None]
 

@@ -50,7 +50,7 @@ def dense_routes(model: keras.Model) -> Mapping[keras.layers.Layer, Callable]:
     routes = dense_routes(model)          # {dense_layer: call, mlp_layer: call}
     ```
     """
-    routes = {}
+    routes: dict[keras.layers.Layer, Callable] = {}
     if not (config.options().onednn_dense and dense_matmul.available()):
         return types.MappingProxyType(routes)
     for layer in model.layers:

@@ -12,7 +12,8 @@ is code, run as it is.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from reckeras import _keras_compat
 from reckeras.pipeline import dense_routing
@@ -33,8 +34,8 @@ class FunctionalGraph(_keras_compat.DeclaredInputsShortcut):
         super().__init__(*args, **kwargs)
         _keras_compat.freeze_input_spec(self)
         self._declared_inputs = DeclaredInputs.of(_keras_compat.functional_inputs(self))
-        self._dense_routes = None      # set by the first `forward` (dense_routing)
-        self._fed_layers = None        # set by the first `fed_layers`
+        self._dense_routes: Mapping[Any, Callable] | None = None   # see `dense_routes`
+        self._fed_layers: list | None = None             # see `fed_embedding_layers`
 
     def inputs_as_declared(self, inputs: Any) -> list | None:
         """The flat input list when `inputs` is a dict of exactly the input
@@ -49,6 +50,38 @@ class FunctionalGraph(_keras_compat.DeclaredInputsShortcut):
         """
         declared = self._declared_inputs
         return None if declared is None else declared.match(inputs)
+
+    # Methods, not properties: Keras's saving reads every attribute of the
+    # model, and these must be decided by their first use, not by a save.
+
+    def dense_routes(self) -> Mapping[Any, Callable]:
+        """The calls that run the model's own Dense matmuls in oneDNN on CPU
+        (`dense_routing.dense_routes`), decided at the first call (`forward`,
+        on the built model) and kept.
+
+        Returns:
+            `{layer: call}`, read-only.
+        """
+        if self._dense_routes is None:
+            self._dense_routes = dense_routing.dense_routes(self)
+        return self._dense_routes
+
+    def fed_embedding_layers(self) -> list:
+        """The embedding layers that look up the FeatureColumns' packed
+        batch itself, once per step (see `fed_layers`), read off the graph
+        at the first call and kept.
+
+        Returns:
+            The `ShardedEmbedding` layers.
+        """
+        if self._fed_layers is None:
+            columns = self.feature_columns
+            names = [s.name for s in columns.sparse_specs]
+            self._fed_layers = [
+                layer for layer in self.embedding_layers
+                if [s.name for s in layer.packing.slots] == names
+                and _keras_compat.called_once_on_outputs_of(layer, columns)]
+        return self._fed_layers
 
 
 def forward(model: FunctionalGraph, inputs: dict, training: bool,
@@ -82,10 +115,7 @@ def forward(model: FunctionalGraph, inputs: dict, training: bool,
     columns = model.feature_columns
     if flat is None or not columns.built:
         return model(inputs, training=training)
-    if model._dense_routes is None:
-        # The model's own Dense matmuls run in oneDNN on CPU: decided once.
-        model._dense_routes = dense_routing.dense_routes(model)
-    replace = {**model._dense_routes,
+    replace = {**model.dense_routes(),
                columns: prepared_output(prepared) if prepared else columns.pack}
     if prepared is not None:
         for layer, future in prepared.routes.items():
@@ -113,16 +143,7 @@ def fed_layers(model: Any) -> list:
     stream = EpochStream(model.feature_columns, fed_layers(model), data, ...)
     ```
     """
-    if not isinstance(model, FunctionalGraph):
-        return []
-    if model._fed_layers is None:
-        columns = model.feature_columns
-        names = [s.name for s in columns.sparse_specs]
-        model._fed_layers = [
-            layer for layer in model.embedding_layers
-            if [s.name for s in layer.packing.slots] == names
-            and _keras_compat.called_once_on_outputs_of(layer, columns)]
-    return model._fed_layers
+    return model.fed_embedding_layers() if isinstance(model, FunctionalGraph) else []
 
 
 def declared_outputs(model: Any) -> Any:

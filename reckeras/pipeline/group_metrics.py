@@ -75,7 +75,7 @@ def update_group_metrics(gaucs: list, outputs: list, x: dict, y: Any, y_pred: An
     update_group_metrics([gauc], [None], x, y, y_pred, None)
     ```
     """
-    for output, metric in zip(outputs, gaucs):
+    for output, metric in zip(outputs, gaucs, strict=True):
         metric.update_state(y if output is None else y[output],
                             y_pred if output is None else y_pred[output],
                             sample_weight, groups=x[metric.group])
@@ -92,7 +92,7 @@ def group_metrics_config(gaucs: list, outputs: list) -> list[dict]:
         `[{"output": output, "config": metric config}, ...]`.
     """
     return [{"output": output, "config": metric.get_config()}
-            for output, metric in zip(outputs, gaucs)]
+            for output, metric in zip(outputs, gaucs, strict=True)]
 
 
 def with_group_metrics(metrics: Any, saved: list[dict]) -> Any:

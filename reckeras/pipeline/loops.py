@@ -17,6 +17,7 @@ The small public functions here (`epoch_stream`, `prepare_to_train`,
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any
 
@@ -136,7 +137,7 @@ def prepare_to_train(model: keras.Model, data: Any, batch_size: int) -> None:
     _allocator.tune_malloc()
     columns = model.feature_columns
     if columns.needs_adapt:
-        columns.adapt(b for _, b in zip(range(64), data.batches(batch_size)))
+        columns.adapt(itertools.islice(data.batches(batch_size), 64))
     for layer in model.embedding_layers:
         layer.engine.connect()            # checks configs agree across ranks
     if not model.built:
@@ -172,7 +173,7 @@ def synced_metrics_result(model: keras.Model) -> dict[str, float]:
         `{name: value}` as Python floats.
     """
     if distributed.world().size > 1:
-        leaves = []
+        leaves: list[keras.metrics.Metric] = []
         for metric in model.metrics:
             leaves.extend(getattr(metric, "metrics", None) or [metric])
         for metric in leaves:

@@ -81,7 +81,7 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         else:
             super().__init__(*args, **kwargs)
         self.nonfinite = "raise"
-        self.pipeline_stats = {}
+        self.pipeline_stats: dict[str, Any] = {}
         self.loop_state = loops.LoopState()
 
     def _layers_of(self, kind):

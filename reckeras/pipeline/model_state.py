@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from reckeras import checkpoint, distributed
+from reckeras import _keras_compat, checkpoint, distributed
 from reckeras.pipeline.functional import FunctionalGraph, fed_layers
 from reckeras.pipeline.resume import ResumePosition
 
@@ -34,7 +34,7 @@ class WeightsWithTables(list):
         self.tables = tables
 
 
-class ModelStateMethods:
+class ModelStateMethods(_keras_compat.ModelMixin):
     """Mixin of `rk.Model`: the methods that read or write its state with
     the embedding tables, and `resume_at`.
     """

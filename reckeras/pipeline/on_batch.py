@@ -11,11 +11,13 @@ does, and `test_on_batch`/`predict_on_batch` give `evaluate`'s and
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import torch
 
+from reckeras import _keras_compat
 from reckeras.pipeline import loops
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
 from reckeras.pipeline.targets import model_targets
@@ -70,7 +72,7 @@ class OneBatch:
         yield self.data.table
 
 
-class OnBatchMethods:
+class OnBatchMethods(_keras_compat.ModelMixin):
     """Mixin of `rk.Model`: Keras's `*_on_batch` methods, each running one
     batch through the preparation of the loops.
 

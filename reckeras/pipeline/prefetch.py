@@ -25,7 +25,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
+from typing import Any
 
 _END = object()
 
@@ -101,7 +102,7 @@ class Pipeline:
         self.threads = threads
         self.wait_s = 0.0
         self._stop = threading.Event()
-        self._workers = []
+        self._workers: list[threading.Thread] = []
 
     # ---- context management ----------------------------------------------------
 
@@ -128,7 +129,7 @@ class Pipeline:
         queues = [queue.Queue(self.depth) for _ in self.stages]
         read, *rest = self.stages
         self._start(self._read_loop, read, queues[0])
-        for stage, inbox, outbox in zip(rest, queues, queues[1:]):
+        for stage, inbox, outbox in zip(rest, queues[:-1], queues[1:], strict=True):
             self._start(self._stage_loop, stage, inbox, outbox)
         outbox = queues[-1]
         try:
@@ -195,7 +196,7 @@ class Pipeline:
                 if not self._put(outbox, item):
                     return
             self._put(outbox, _END)
-        except BaseException as error:     # re-raised in the consumer
+        except BaseException as error:  # noqa: BLE001 -- re-raised in the consumer
             self._put(outbox, _Failure(stage.name, error))
 
     def _stage_loop(self, stage, inbox, outbox):
@@ -206,7 +207,7 @@ class Pipeline:
                 return
             try:
                 result = stage.run(item)
-            except BaseException as error:
+            except BaseException as error:  # noqa: BLE001 -- re-raised in the consumer
                 self._put(outbox, _Failure(stage.name, error))
                 return
             stage.occupancy_sum += outbox.qsize()
@@ -216,6 +217,6 @@ class Pipeline:
 
     def stats(self) -> dict:
         """Per-stage items, busy seconds and queue occupancy; consumer wait."""
-        stats = {stage.name: stage.stats() for stage in self.stages}
+        stats: dict[str, Any] = {stage.name: stage.stats() for stage in self.stages}
         stats["consumer_wait_s"] = round(self.wait_s, 4)
         return stats

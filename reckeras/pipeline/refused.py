@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from reckeras import distributed
+from reckeras import _keras_compat, distributed
 
 
-class RefusedKerasMethods:
+class RefusedKerasMethods(_keras_compat.ModelMixin):
     """Mixin of `rk.Model`: refuses, with a clear message, the Keras methods
     that would leave the embedding tables out.
     """

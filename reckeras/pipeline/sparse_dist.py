@@ -28,7 +28,7 @@ import concurrent.futures
 import queue
 import threading
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from reckeras.distributed import PeerFailureError
 
@@ -57,8 +57,10 @@ class SparseDist:
         self.training = training
         self.items = 0
         self.busy_s = 0.0
-        self._jobs = queue.Queue()
-        self._pending = []
+        # (the futures of one batch's layers, its packed sparse input); None: stop
+        self._jobs: queue.Queue[tuple[list[concurrent.futures.Future], dict] | None] = \
+            queue.Queue()
+        self._pending: list[concurrent.futures.Future] = []
         self._peer_failure = None       # the first PeerFailureError of an exchange
         # A daemon thread: after a KeyboardInterrupt it may be left inside a
         # key exchange that the other ranks never join, and must not keep the
@@ -67,7 +69,7 @@ class SparseDist:
                                         name="reckeras-sparse-dist")
         self._worker.start()
 
-    def __enter__(self) -> "SparseDist":
+    def __enter__(self) -> SparseDist:
         return self
 
     def __exit__(self, kind, error, traceback):
@@ -102,7 +104,7 @@ class SparseDist:
         """Queues one batch: one future per layer, kept in the batch."""
         self._pending = [f for f in self._pending if not f.done()]
         futures = [concurrent.futures.Future() for _ in self.layers]
-        batch.routes.update(zip(self.layers, futures))
+        batch.routes.update(zip(self.layers, futures, strict=True))
         self._jobs.put((futures, batch.packed[1]))
         self._pending.extend(futures)
 
@@ -112,7 +114,7 @@ class SparseDist:
             if job is None:
                 return
             futures, sparse = job
-            for layer, future in zip(self.layers, futures):
+            for layer, future in zip(self.layers, futures, strict=True):
                 if not future.set_running_or_notify_cancel():
                     continue
                 if self._peer_failure is not None:
@@ -123,7 +125,7 @@ class SparseDist:
                     # A frozen layer's lookup does not train (ShardedEmbedding.call).
                     future.set_result(layer.engine.route_ahead(
                         sparse["ids"], sparse["offsets"], self.training and layer.trainable))
-                except BaseException as error:   # re-raised by the step's lookup
+                except BaseException as error:  # noqa: BLE001 -- re-raised by the step's lookup
                     if isinstance(error, PeerFailureError):
                         self._peer_failure = error
                     future.set_exception(error)

@@ -125,8 +125,8 @@ def _refuse_step(model, loss, gradients, trainable, updates):
             model.pipeline_stats.get("nonfinite_skipped", 0) + 1
         return model.get_metrics_result()
     parts = guard.nonfinite_parts(
-        loss, [(v.path, g) for v, g in zip(trainable, gradients)],
-        [(layer.name, u) for layer, u in zip(model.embedding_layers, updates)])
+        loss, [(v.path, g) for v, g in zip(trainable, gradients, strict=True)],
+        [(layer.name, u) for layer, u in zip(model.embedding_layers, updates, strict=True)])
     raise guard.NonFiniteStepError(
         f"{', '.join(parts) or 'another rank'} is not finite (NaN or inf); "
         f"the step was undone: no weight, table row or optimizer state changed. "

@@ -18,9 +18,9 @@ Per batch, in order (see `prefetch.Pipeline` for how stages overlap):
 Every stage works on the one packed batch, and what a stage plans for a layer
 (its routes) travels with the batch (`PreparedBatch.routes`); the loops hand
 the step `PreparedBatch.data`, a `StepData` that carries the batch, so the
-step finds it there (`steps.forward`), with nothing stashed on the model. The stream is capped at the steps every rank takes: the
-sparse-dist stage's exchanges are collectives, so every rank must submit
-exactly the same batches.
+step finds it there (`steps.forward`), with nothing stashed on the model. The
+stream is capped at the steps every rank takes: the sparse-dist stage's
+exchanges are collectives, so every rank must submit exactly the same batches.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Iterator, Self
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -103,7 +104,7 @@ class StepData(tuple):
 
     prepared: PreparedBatch
 
-    def __new__(cls, batch: PreparedBatch) -> Self:
+    def __new__(cls, batch: PreparedBatch) -> StepData:
         data = super().__new__(cls, (batch.inputs, batch.labels, batch.weights))
         data.prepared = batch
         return data

@@ -98,7 +98,7 @@ def _check_against_outputs(label, outputs):
 def _binary_label_columns(label, loss):
     """The label columns a binary cross-entropy reads (checked in [0, 1])."""
     losses = loss if isinstance(loss, dict) else \
-        {output: loss for output in label} if isinstance(label, dict) else {None: loss}
+        dict.fromkeys(label, loss) if isinstance(label, dict) else {None: loss}
     columns = label if isinstance(label, dict) else {None: label}
     return frozenset(columns[output] for output, one in losses.items()
                      if output in columns and _is_binary_crossentropy(one))

@@ -94,7 +94,7 @@ def _end_window(layers: list) -> dict[str, int]:
     if distributed.world().size > 1:
         with distributed.collective("summing the window's embedding row counts"):
             torch.distributed.all_reduce(counts)
-    return dict(zip(ROW_COUNTS, counts.tolist()))
+    return dict(zip(ROW_COUNTS, counts.tolist(), strict=True))
 
 
 def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int | None,
@@ -164,7 +164,7 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int |
     ages = any(layer.ages_by_windows for layer in layers)
     callback_list.on_train_begin()
     logs = {}
-    for index, (window, name) in enumerate(zip(windows, names)):
+    for index, (window, name) in enumerate(zip(windows, names, strict=True)):
         callback_list.on_epoch_begin(index, {"window": name})
         progressive = model.evaluate(
             window, batch_size=evaluate_batch_size or batch_size, verbose=inner_verbose,

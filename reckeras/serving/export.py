@@ -119,7 +119,7 @@ class _DenseNetwork(torch.nn.Module):
         if self._columns.plan.weighted:
             no_ids["weights"] = dense.new_zeros(0)
         replace = {self._columns: lambda *args, **kwargs: (dense, no_ids)}
-        for layer, output in zip(self._embedding_layers, embedded):
+        for layer, output in zip(self._embedding_layers, embedded, strict=True):
             replace[layer] = lambda *args, output=output, **kwargs: output
         return _keras_compat.run_functional_graph(self.model, flat, False, replace)
 
@@ -174,7 +174,7 @@ def example_batch(specs: list, rows: int = 5) -> dict[str, Any]:
     example_batch([rk.features.Numeric("I1"), rk.features.Categorical("C1", dim=8)])
     ```
     """
-    batch = {}
+    batch: dict[str, Any] = {}
     for spec in specs:
         if isinstance(spec, Numeric):
             batch[spec.name] = np.ones((rows, *spec.shape), np.float32)

@@ -33,6 +33,15 @@ def has_row(engine, table, raw_id):
     return bool(engine.tables[0].index.find(key)[0] >= 0)
 
 
+def test_a_training_lookup_without_tags_is_a_clear_error():
+    _, engine = make({"a": rk.embedding.TableOptions(admit_after=2)})
+    store = engine.tables[0]
+    with pytest.raises(ValueError, match=r"table \['a', 'b'\] .* needs the keys' tags"):
+        store.resolve(torch.tensor([1, 2]), training=True)
+    rows, _ = store.resolve(torch.tensor([1, 2]), training=False)    # inference: no tags
+    assert rows.tolist() == [-1, -1]
+
+
 def test_admission_after_k_sightings_reads_zeros_until_then():
     plan, engine = make({"a": rk.embedding.TableOptions(admit_after=3)},
                         rk.optimizers.Adagrad(0.1))

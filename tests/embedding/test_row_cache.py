@@ -181,6 +181,15 @@ def test_options_validation():
         make({"c": rk.embedding.TableOptions(storage="host_cached", cache_bytes=20)})
 
 
+def test_cache_capacity_in_rows():
+    rows = rk.embedding.TableOptions(storage="host_cached", cache_rows=7)
+    by_bytes = rk.embedding.TableOptions(storage="host_cached", cache_bytes=100)
+    assert rows.cache_capacity(28) == 7
+    assert by_bytes.cache_capacity(28) == 3            # 100 // 28 rows fit
+    with pytest.raises(ValueError, match="storage='device'.* no device cache"):
+        rk.embedding.TableOptions().cache_capacity(28)
+
+
 def test_host_allocation_failure_names_the_table(monkeypatch):
     plan, engine = make({"c": cached(64)})
     monkeypatch.setattr("reckeras.embedding.physical_table.available_host_bytes", lambda: 100)

@@ -2,10 +2,14 @@
 consumers: the cache-prefetch stage, the graph's FeatureColumns node and the
 embedding lookup (the sparse-dist stage too: tests/distributed)."""
 
+import runpy
+import typing
+
 import pytest
 import torch
 
 from reckeras.features.plan import TransformPlan
+from reckeras.pipeline import stream
 from test_fit_cached import SMALL, build, synthetic
 
 
@@ -42,3 +46,11 @@ def test_a_direct_call_still_packs(pack_calls):
                for name, value in model.feature_columns.encode(data).items()}
     model(tensors)
     assert pack_calls == [64]
+
+
+def test_the_module_runs_where_typing_has_no_self(monkeypatch):
+    # Python 3.10 (pyproject's oldest) has no typing.Self: `from typing
+    # import Self` made the package fail to import there.
+    monkeypatch.delattr(typing, "Self", raising=False)
+    namespace = runpy.run_path(stream.__file__)
+    assert namespace["StepData"].__name__ == "StepData"
