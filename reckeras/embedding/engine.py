@@ -455,6 +455,7 @@ class EmbeddingEngine:
             else:
                 unique_index, route = routed.routes[group] if routed else \
                     self._route(group, group_keys, group_tags, training, ahead=False)
+                assert self.world is not None      # connect() made the router of it
                 owned = OwnedRows(self.tables[group], route, training, penalty,
                                   self.world.size, round_seed, self._update,
                                   self._apply_row_grads)
@@ -469,13 +470,14 @@ class EmbeddingEngine:
                 group_weight, layout.rows(batch), apply,
                 None if penalty is None else penalized)
             if penalty is not None:
+                assert total_penalty is not None    # return_penalty made it
                 flat, penalized_rows = flat
                 total_penalty = total_penalty + penalty(
                     penalized_rows, unique_index, batch, self.world.size if self.world else 1)
             if pin is not None and not (training and flat.requires_grad):
                 pin.release()           # no backward will update the cached rows
             outputs.append(layout.split(flat, batch))
-        return (outputs, total_penalty) if return_penalty else outputs
+        return outputs if total_penalty is None else (outputs, total_penalty)
 
     @contextlib.contextmanager
     def deferred_updates(self) -> Iterator[DeferredUpdates]:

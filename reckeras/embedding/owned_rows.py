@@ -16,7 +16,8 @@ added to their summed gradient on the owner.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -61,7 +62,8 @@ class OwnedRows:
     ```
     """
 
-    def __init__(self, store: RowStore, route: FlatRoute | HierarchicalRoute, training: bool, penalty: RowPenalty | None,
+    def __init__(self, store: RowStore, route: FlatRoute | HierarchicalRoute,
+                 training: bool, penalty: RowPenalty | None,
                  world_size: int, round_seed: int, run_update: Callable,
                  apply_row_grads: Callable):
         self.store, self.route, self.world_size = store, route, world_size
@@ -81,9 +83,10 @@ class OwnedRows:
             # The owner's distinct rows among all ranks' requests: where the
             # summed gradients go, and the rows the owner's penalty counts.
             present = (owner_rows >= 0).nonzero().squeeze(1)
-            self.owned = (present, *unique_rows(owner_rows[present], store.row_bound))
-        self.penalized = (store.weights, self.owned[1]) if self.on_owner \
-            else (self.values, self.unique)
+            unique, unique_index = unique_rows(owner_rows[present], store.row_bound)
+            self.owned = (present, unique, unique_index)
+        self.penalized = (store.weights, self.owned[1]) if self.owned is not None \
+            and self.on_owner else (self.values, self.unique)
 
     def __call__(self, _: torch.Tensor, grads: torch.Tensor,
                  penalized_grads: torch.Tensor | None = None) -> None:

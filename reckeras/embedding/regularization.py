@@ -36,7 +36,8 @@ for a zero row (ids without a row read zeros), as L1, L2 and L1L2 are.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -129,9 +130,9 @@ def group_penalties(group_tables: list[list[str]], group_options: list[list[Tabl
     """
     if regularize not in REGULARIZE:
         raise ValueError(f"regularize must be one of {REGULARIZE}, got {regularize!r}")
-    penalties = []
-    for names, options, dim in zip(group_tables, group_options, dims):
-        chosen = []
+    penalties: list[RowPenalty | None] = []
+    for names, options, dim in zip(group_tables, group_options, dims, strict=True):
+        chosen: list[tuple[Any, str | None]] = []
         for o in options:
             table_regularizer = o.embeddings_regularizer or regularizer
             chosen.append((table_regularizer, None if table_regularizer is None
@@ -139,7 +140,7 @@ def group_penalties(group_tables: list[list[str]], group_options: list[list[Tabl
         first, mode = chosen[0]
         if any(not _same(first, other) or other_mode != mode
                for other, other_mode in chosen[1:]):
-            described = dict(zip(names, chosen))
+            described = dict(zip(names, chosen, strict=True))
             raise ValueError(
                 f"tables {names} are packed into one physical table (dim {dim}), so they "
                 f"need one embeddings_regularizer and regularize; got {described}. Give "
@@ -147,6 +148,7 @@ def group_penalties(group_tables: list[list[str]], group_options: list[list[Tabl
         if first is None:
             penalties.append(None)
             continue
+        assert mode is not None     # a table with a regularizer has its mode
         _check_zero_row(first, names, dim)
         penalties.append(RowPenalty(first, mode))
     return penalties

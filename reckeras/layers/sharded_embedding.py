@@ -188,13 +188,15 @@ class ShardedEmbedding(keras.layers.Layer):
         # A frozen layer adds no penalty, as Keras counts the regularizers
         # of trainable weights only.
         regularized = self.trainable and self.engine.regularizes
-        groups = self.engine.lookup(sparse["ids"], sparse["offsets"],
-                                    bool(training) and self.trainable,
-                                    routed=routed, weights=sparse.get("weights"),
-                                    return_penalty=regularized)
-        if regularized:
-            groups, penalty = groups
+        looked_up = self.engine.lookup(sparse["ids"], sparse["offsets"],
+                                       bool(training) and self.trainable,
+                                       routed=routed, weights=sparse.get("weights"),
+                                       return_penalty=regularized)
+        if isinstance(looked_up, tuple):
+            groups, penalty = looked_up
             self.add_loss(penalty)
+        else:
+            groups = looked_up
         return self.packing.assemble(groups, self.output_mode)
 
     def compute_output_spec(self, sparse: dict, training: bool = False,
