@@ -26,13 +26,17 @@ reach a value or a gradient.
 """
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reckeras.backend_kernels.dispatch import (constexpr, kernel,
-                                               next_power_of_2, use_triton)
+from reckeras.backend_kernels.dispatch import constexpr, kernel, next_power_of_2, use_triton
 from reckeras.backend_kernels.pooling import sequence_positions
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them, so
+    # importing this module imports no triton.
+    import triton.language as tl
 
 FORWARD_BLOCK = 64      # queries (and keys per step) of a forward program
 BACKWARD_BLOCK = 32     # keys (queries) of a backward program, and per step
