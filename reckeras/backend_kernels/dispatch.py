@@ -154,7 +154,9 @@ def interpreted() -> bool:
 
 def register(schema: str, *, reference: Callable, fake: Callable,
              triton: Callable | None = None, native: Callable | None = None,
-             native_usable: Callable[..., bool] | None = None) -> Callable[..., Any]:
+             native_usable: Callable[..., bool] | None = None,
+             backward: Callable | None = None,
+             setup_context: Callable | None = None) -> Callable[..., Any]:
     """Defines the torch op `reckeras::<name>` of a kernel family's entry point.
 
     The op's CPU implementation runs `triton` inside `triton_on_cpu()`, else
@@ -175,6 +177,11 @@ def register(schema: str, *, reference: Callable, fake: Callable,
             serves both devices, e.g. when it calls other ops).
         native: the native CPU implementation, if any.
         native_usable: whether `native` serves these arguments.
+        backward: the op's gradient formula, if it has one
+            (`torch.library.register_autograd`): `backward(ctx, *grads)`
+            returns one gradient (or None) per argument.
+        setup_context: `setup_context(ctx, inputs, output)`, what the
+            forward keeps for `backward`.
 
     Returns:
         The op (`torch.ops.reckeras.<name>.default`), what the entry point calls.
@@ -202,6 +209,9 @@ def register(schema: str, *, reference: Callable, fake: Callable,
     LIBRARY.impl(name, on_cpu, "CPU")
     LIBRARY.impl(name, on_cuda, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
+    if backward is not None:
+        torch.library.register_autograd(f"{NAMESPACE}::{name}", backward,
+                                        setup_context=setup_context, lib=LIBRARY)
     return getattr(torch.ops.reckeras, name).default
 
 
