@@ -116,11 +116,11 @@ class _LengthClass(NamedTuple):
     members: int
     width: int
 
-    def pad(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`[N, H, ...]` packed -> `[members, H, width, ...]`, zeros at padding."""
+    def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """`[N, H, ...]` packed -> `[members, H, width, ...]`, `fill` at padding."""
         rows = self.members * self.width
-        padded = x.new_zeros((rows, *x.shape[1:]), dtype=dtype).index_copy(
-            0, self.slot, x.index_select(0, self.tokens).to(dtype))
+        padded = x.new_full((rows, *x.shape[1:]), fill).index_copy(
+            0, self.slot, x.index_select(0, self.tokens))
         return padded.view(self.members, self.width, *x.shape[1:]).transpose(1, 2)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,18 +128,19 @@ class _LengthClass(NamedTuple):
         x = x.transpose(1, 2)
         return x.reshape(self.members * self.width, *x.shape[2:]).index_select(0, self.slot)
 
-    def masks(self, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(allowed, query)`: bool `[members, 1, width, width]`, whether a query
-        attends to a key (key in its sequence, and not after it with `causal`),
-        and `[members, 1, width, 1]`, whether a query is a token."""
+    def mask(self, causal: bool, dtype: torch.dtype) -> torch.Tensor:
+        """`[members, 1, width, width]`: 0 where a query attends to a key (the
+        key in its sequence, and not after it with `causal`), -inf elsewhere.
+        Key 0 is allowed for every query, padding ones included, so no
+        softmax row is fully masked."""
         live = torch.zeros(self.members * self.width, dtype=torch.bool,
                            device=self.slot.device).index_fill_(0, self.slot, True)
-        live = live.view(self.members, 1, self.width)
-        allowed = live[:, :, None, :]
+        allowed = live.view(self.members, 1, 1, self.width)
         if causal:
             positions = torch.arange(self.width, device=live.device)
             allowed = allowed & (positions[None, :] <= positions[:, None])
-        return allowed, live[:, :, :, None]
+        return torch.zeros(allowed.shape, dtype=dtype,
+                           device=live.device).masked_fill_(~allowed, float("-inf"))
 
 
 def _length_classes(offsets: torch.Tensor, num_tokens: int,
@@ -164,32 +165,34 @@ def _length_classes(offsets: torch.Tensor, num_tokens: int,
     return result
 
 
-def _compute_dtype(q: torch.Tensor) -> torch.dtype:
-    """float32 for float32 and half types (as the Triton kernels), float64 for float64."""
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
+    """The log-sum-exp's: float32 for float32 and half types, float64 for float64."""
     return torch.promote_types(q.dtype, torch.float32)
+
+
+# torch's fused CPU attention, the one SDPA runs on CPU, called directly for
+# the log-sum-exp it returns and its backward takes (SDPA hides both): the
+# backward then needs no second forward, and no `[L, L]` scores are stored.
+_flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_attention_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def _forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        offsets: torch.Tensor, max_len: int, causal: bool,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`jagged_attention_forward` with torch ops on padded length classes:
-    the output and the log-sum-exp of every query's scores (`[N, H]`)."""
+    """`jagged_attention_forward` on CPU tensors, padded length classes at a
+    time: the output and the log-sum-exp of every query's scores (`[N, H]`)."""
     _check(q, k, v, offsets)
     num_tokens, heads = q.shape[:2]
-    dtype = _compute_dtype(q)
     # Every token belongs to one class, so every row below is written.
     out = q.new_empty(q.shape)
-    lse = q.new_empty((num_tokens, heads), dtype=dtype)
+    lse = q.new_empty((num_tokens, heads), dtype=_lse_dtype(q))
     for group in _length_classes(offsets, num_tokens, max_len):
-        allowed, _ = group.masks(causal)
-        scores = (group.pad(q, dtype) @ group.pad(k, dtype).transpose(-1, -2)) * scale
-        # Key 0 is allowed for every query (padding ones included): no row
-        # is fully masked, so the log-sum-exp is finite.
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        group_lse = torch.logsumexp(scores, -1)
-        attended = torch.exp(scores - group_lse[..., None]) @ group.pad(v, dtype)
-        out.index_copy_(0, group.tokens, group.unpad(attended).to(q.dtype))
-        lse.index_copy_(0, group.tokens, group.unpad(group_lse))
+        group_out, group_lse = _flash_attention(
+            group.pad(q), group.pad(k), group.pad(v), 0.0, False,
+            attn_mask=group.mask(causal, q.dtype), scale=scale)
+        out.index_copy_(0, group.tokens, group.unpad(group_out))
+        lse.index_copy_(0, group.tokens, group.unpad(group_lse).to(lse.dtype))
     return out, lse
 
 
@@ -197,26 +200,19 @@ def _backward_reference(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
         max_len: int, causal: bool, scale: float, out: torch.Tensor, lse: torch.Tensor,
         grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`jagged_attention_backward` with torch ops on padded length classes:
-    the gradients of `q`, `k` and `v` from the forward's output and log-sum-exp
-    (the Triton backward's arithmetic, on whole classes)."""
+    """`jagged_attention_backward` on CPU tensors, padded length classes at a
+    time, from the forward's output and log-sum-exp."""
     num_tokens = q.shape[0]
-    dtype = _compute_dtype(q)
-    grad_q, grad_k, grad_v = (torch.zeros_like(t) for t in (q, k, v))
+    grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
     for group in _length_classes(offsets, num_tokens, max_len):
-        allowed, query = group.masks(causal)
-        q_, k_, v_, out_, grad_out_ = (group.pad(t, dtype)
-                                       for t in (q, k, v, out, grad_out))
-        scores = (q_ @ k_.transpose(-1, -2)) * scale
-        # Zero where not allowed and at padding queries, whose lse is a pad.
-        p = torch.where(allowed & query, torch.exp(scores - group.pad(lse, dtype)[..., None]),
-                        0.0)
-        delta = (grad_out_ * out_).sum(-1, keepdim=True)
-        grad_scores = p * (grad_out_ @ v_.transpose(-1, -2) - delta)
-        for grad, value in ((grad_q, grad_scores @ k_ * scale),
-                            (grad_k, grad_scores.transpose(-1, -2) @ q_ * scale),
-                            (grad_v, p.transpose(-1, -2) @ grad_out_)):
-            grad.index_copy_(0, group.tokens, group.unpad(value).to(grad.dtype))
+        # Padding queries: a log-sum-exp of +inf makes their probabilities 0,
+        # so they add nothing to the keys' and values' gradients.
+        grads = _flash_attention_backward(
+            group.pad(grad_out), group.pad(q), group.pad(k), group.pad(v), group.pad(out),
+            group.pad(lse, float("inf")), 0.0, False, attn_mask=group.mask(causal, q.dtype),
+            scale=scale)
+        for grad, value in zip((grad_q, grad_k, grad_v), grads, strict=True):
+            grad.index_copy_(0, group.tokens, group.unpad(value))
     return grad_q, grad_k, grad_v
 
 
@@ -449,7 +445,7 @@ def _forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v, offsets = (t.contiguous() for t in (q, k, v, offsets))
     num_tokens, heads, head_dim = q.shape
     out = torch.empty_like(q)
-    lse = torch.empty(num_tokens, heads, dtype=_compute_dtype(q), device=q.device)
+    lse = torch.empty(num_tokens, heads, dtype=_lse_dtype(q), device=q.device)
     batch = offsets.numel() - 1
     if num_tokens and batch and max_len:
         block_d, precision = _launch_config(q)
@@ -528,7 +524,7 @@ _forward = register(
     f"jagged_attention_forward({_ARGUMENTS}) -> (Tensor, Tensor)",
     reference=_forward_reference, triton=_forward_triton,
     fake=lambda q, *_: (torch.empty_like(q),
-                        q.new_empty(q.shape[:2], dtype=_compute_dtype(q))),
+                        q.new_empty(q.shape[:2], dtype=_lse_dtype(q))),
     backward=_differentiate, setup_context=_save_for_backward)
 
 
