@@ -29,12 +29,18 @@ forward: one id per output slot) and otherwise sorts int32 keys, which torch
 sorts about twice as fast as int64 on CPU.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from reckeras import ragged
 from reckeras.backend_kernels import cpu_native
-from reckeras.backend_kernels.dispatch import (constexpr, kernel, next_power_of_2,
-                                               register)
+from reckeras.backend_kernels.dispatch import constexpr, kernel, next_power_of_2, register
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them, so
+    # importing this module imports no triton.
+    import triton.language as tl
 
 TILE = 2048           # elements of one program's [GROUPS, BLOCK_N, BLOCK_D] tile
 MAX_BLOCK_N = 16      # ids per step of a segment
@@ -234,9 +240,9 @@ def segment_sum_reference(source: torch.Tensor, source_row: torch.Tensor,
     # tensor([[0.0, 0.5], [8.0, 11.0]])
     ```
     """
-    scale = unit_scale(scale)
+    unit_or_scale = unit_scale(scale)
     return bag_sums(source_row.index_select(0, order), source, offsets,
-                    None if scale is None else scale.index_select(0, order))
+                    None if unit_or_scale is None else unit_or_scale.index_select(0, order))
 
 
 @kernel

@@ -20,7 +20,7 @@ process must have the ASan runtime loaded first (`LD_PRELOAD` of `gcc
 -print-file-name=libasan.so`), which `scripts/test_sanitized.sh` arranges.
 
 The wrappers are the boundary between Python and C, and a bad argument is
-an exception, never a wild read or write. Before the call each refuses,
+an exception, never a wild read or write. Before the call each refuses (`native_checks`),
 with a `TypeError` or `ValueError` naming the kernel and the argument, a
 non-tensor, a wrong dtype, a tensor that is not a dense contiguous CPU
 tensor, wrong dims or sizes, and scalars out of range: the C code trusts
@@ -35,8 +35,6 @@ otherwise.
 """
 
 import ctypes
-import numbers
-import operator
 import threading
 import warnings
 from pathlib import Path
@@ -45,13 +43,21 @@ import torch
 
 from reckeras import config
 from reckeras.backend_kernels import native_build
+from reckeras.backend_kernels.native_checks import (
+    INT32_MAX,
+    INT64_MAX,
+    check_forward_index,
+    check_hash_map,
+    check_integer,
+    check_real,
+    check_tensor,
+    out_of_range,
+)
 
 _lock = threading.Lock()
 _library = None
 _failed = False
 
-_INT64_MAX = 2**63 - 1
-_INT32_MAX = 2**31 - 1
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _INT = ctypes.c_int
@@ -191,81 +197,20 @@ def usable(*tensors: torch.Tensor, table: torch.Tensor | None = None) -> bool:
     cpu_native.usable(torch.arange(4), table=torch.zeros(4, 8, dtype=torch.bfloat16))
     ```
     """
-    return all(t.is_cpu and t.is_contiguous()
-               and t.dtype in (torch.float32, torch.int64)
-               for t in tensors) and (
-        table is None or table.is_cpu and table.is_contiguous()
-        and table.dtype in ROW_DTYPES) and available()
+    operands = all(t.is_cpu and t.is_contiguous() and t.dtype in (torch.float32, torch.int64)
+                   for t in tensors)
+    rows = table is None or (table.is_cpu and table.is_contiguous()
+                             and table.dtype in ROW_DTYPES)
+    return operands and rows and available()
 
 
-# ---- the checks at the boundary ---------------------------------------------------------
-# Each is a few attribute reads (~0.4 us a tensor): they run on every call.
-# (`is_cpu`, not `device.type`: building the device object costs 0.4 us alone.)
-
-def _tensor(kernel: str, name: str, value: object, dtype: torch.dtype | tuple, dims: int
-            ) -> None:
-    """Raises unless `value` is a dense contiguous CPU tensor of `dtype` (or
-    one of a tuple of dtypes) and `dims` dims."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"cpu_native.{kernel}: {name} must be a torch.Tensor, got "
-                        f"{type(value).__name__}")
-    if value.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
-        raise TypeError(f"cpu_native.{kernel}: {name} must be {dtype}, got {value.dtype}")
-    if not value.is_cpu or value.layout != torch.strided:
-        raise ValueError(f"cpu_native.{kernel}: {name} must be a dense CPU tensor, got "
-                         f"{value.layout} on {value.device}")
-    if value.dim() != dims:
-        raise ValueError(f"cpu_native.{kernel}: {name} must have {dims} "
-                         f"dimension{'s' if dims > 1 else ''}, got shape "
-                         f"{tuple(value.shape)}")
-    if not value.is_contiguous():
-        raise ValueError(f"cpu_native.{kernel}: {name} must be contiguous, got strides "
-                         f"{value.stride()} for shape {tuple(value.shape)}")
-
-
-def _integer(kernel: str, name: str, value: object, low: int = 0,
-             high: int = _INT64_MAX) -> int:
-    """`value` as an int if it is an integer in `[low, high]`."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"cpu_native.{kernel}: {name} must be an integer, got "
-                        f"{type(value).__name__}") from None
-    if not low <= number <= high:
-        raise ValueError(f"cpu_native.{kernel}: {name} must lie in [{low}, {high}], "
-                         f"got {number}")
-    return number
-
-
-def _real(kernel: str, name: str, value: object) -> float:
-    """`value` as a float if it is a real number."""
-    if not isinstance(value, numbers.Real):
-        raise TypeError(f"cpu_native.{kernel}: {name} must be a real number, got "
-                        f"{type(value).__name__}")
-    return float(value)
-
-
-def _forward_index(kernel: str, unique_index: torch.Tensor, destination: torch.Tensor,
-                   id_weight: torch.Tensor) -> int:
-    """The number of ids of a forward index (pool and aggregate), once checked."""
-    _tensor(kernel, "unique_index", unique_index, torch.int64, 1)
-    _tensor(kernel, "destination", destination, torch.int64, 1)
-    _tensor(kernel, "id_weight", id_weight, torch.float32, 1)
-    n = destination.shape[0]
-    for name, tensor in (("unique_index", unique_index), ("id_weight", id_weight)):
-        if tensor.shape[0] != n:
-            raise ValueError(f"cpu_native.{kernel}: {name} has {tensor.shape[0]} entries "
-                             f"and destination {n}: one of each per id")
-    return n
-
-
-def _outside(kernel: str, name: str, index: torch.Tensor, bound: int,
-             bound_name: str) -> ValueError:
-    """The error for `index` holding values outside `[0, bound)` (on the error path)."""
-    bad = index[(index < 0) | (index >= bound)]
-    return ValueError(f"cpu_native.{kernel}: {name} holds {bad.numel()} values outside "
-                      f"[0, {bound_name}={bound}) (from {int(bad.min())} to "
-                      f"{int(bad.max())})")
+def _loaded() -> ctypes.CDLL:
+    """The library, for a wrapper about to call it."""
+    loaded = library()
+    if loaded is None:
+        raise RuntimeError("cpu_native: the native kernels are not available in this "
+                           "process (see cpu_native.available())")
+    return loaded
 
 
 def _p(tensor: torch.Tensor) -> ctypes.c_void_p:
@@ -305,14 +250,14 @@ def table_keys(ids: torch.Tensor, salt: torch.Tensor,
     ```
     """
     kernel = "table_keys"
-    _tensor(kernel, "ids", ids, torch.int64, 1)
-    _tensor(kernel, "salt", salt, torch.int64, 1)
-    _tensor(kernel, "slot_counts", slot_counts, torch.int64, 1)
+    check_tensor(kernel, "ids", ids, torch.int64, 1)
+    check_tensor(kernel, "salt", salt, torch.int64, 1)
+    check_tensor(kernel, "slot_counts", slot_counts, torch.int64, 1)
     if salt.shape[0] != slot_counts.shape[0]:
         raise ValueError(f"cpu_native.table_keys: salt has {salt.shape[0]} entries and "
                          f"slot_counts {slot_counts.shape[0]}: one of each per slot")
     keys = torch.empty_like(ids)
-    status = library().rk_table_keys(_p(ids), ids.shape[0], _p(salt), _p(slot_counts),
+    status = _loaded().rk_table_keys(_p(ids), ids.shape[0], _p(salt), _p(slot_counts),
                                      slot_counts.shape[0], _p(keys), _threads())
     if status:
         raise ValueError(f"cpu_native.table_keys: slot_counts must be non-negative and "
@@ -347,26 +292,15 @@ def initial_rows(keys: torch.Tensor, dim: int, scale: float, seed: int) -> torch
     ```
     """
     kernel = "initial_rows"
-    _tensor(kernel, "keys", keys, torch.int64, 1)
-    dim = _integer(kernel, "dim", dim)
-    seed = _integer(kernel, "seed", seed, -_INT64_MAX - 1)
-    scale = _real(kernel, "scale", scale)
+    check_tensor(kernel, "keys", keys, torch.int64, 1)
+    dim = check_integer(kernel, "dim", dim)
+    seed = check_integer(kernel, "seed", seed, -INT64_MAX - 1)
+    scale = check_real(kernel, "scale", scale)
     out = torch.empty(keys.shape[0], dim, dtype=torch.float32)
-    library().rk_initial_rows(_p(keys), keys.shape[0], dim, seed, scale, _p(out),
+    _loaded().rk_initial_rows(_p(keys), keys.shape[0], dim, seed, scale, _p(out),
                               _threads())
     return out
 
-
-
-def _hash_map(kernel: str, slot_keys: torch.Tensor, slot_rows: torch.Tensor) -> int:
-    """The slot count of a map's two arrays, checked as `_tensor` checks and
-    for the same length."""
-    _tensor(kernel, "slot_keys", slot_keys, torch.int64, 1)
-    _tensor(kernel, "slot_rows", slot_rows, torch.int64, 1)
-    if slot_rows.shape[0] != slot_keys.shape[0]:
-        raise ValueError(f"cpu_native.{kernel}: slot_keys has {slot_keys.shape[0]} slots "
-                         f"and slot_rows {slot_rows.shape[0]}")
-    return slot_keys.shape[0]
 
 def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
                    keys: torch.Tensor, num_rows: int,
@@ -410,14 +344,14 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
     ```
     """
     kernel = "find_or_insert"
-    capacity = _hash_map(kernel, slot_keys, slot_rows)
-    _tensor(kernel, "keys", keys, torch.int64, 1)
+    capacity = check_hash_map(kernel, slot_keys, slot_rows)
+    check_tensor(kernel, "keys", keys, torch.int64, 1)
     if capacity & (capacity - 1) or capacity == 0:
         raise ValueError(f"cpu_native.find_or_insert: the map's capacity must be a power "
                          f"of two, got {capacity} slots")
-    num_rows = _integer(kernel, "num_rows", num_rows, 0, _INT64_MAX - keys.shape[0])
+    num_rows = check_integer(kernel, "num_rows", num_rows, 0, INT64_MAX - keys.shape[0])
     rows = torch.empty_like(keys)
-    count = library().rk_find_or_insert(_p(slot_keys), _p(slot_rows), capacity, _p(keys),
+    count = _loaded().rk_find_or_insert(_p(slot_keys), _p(slot_rows), capacity, _p(keys),
                                         keys.shape[0], _p(rows), num_rows, int(bool(insert)),
                                         _threads())
     if count < 0:
@@ -429,7 +363,7 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
 
 
 def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
-           rows_below: int = _INT64_MAX) -> tuple[torch.Tensor, torch.Tensor]:
+           rows_below: int = INT64_MAX) -> tuple[torch.Tensor, torch.Tensor]:
     """`hash_table.rehash` in one sequential C pass over the old map.
 
     The old map may grow on another thread during the pass (see
@@ -464,15 +398,15 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
     ```
     """
     kernel = "rehash"
-    old_capacity = _hash_map(kernel, slot_keys, slot_rows)
-    capacity = _integer(kernel, "capacity", capacity, 1, 2**62)
-    rows_below = _integer(kernel, "rows_below", rows_below)
+    old_capacity = check_hash_map(kernel, slot_keys, slot_rows)
+    capacity = check_integer(kernel, "capacity", capacity, 1, 2**62)
+    rows_below = check_integer(kernel, "rows_below", rows_below)
     if capacity & (capacity - 1):
         raise ValueError(f"cpu_native.rehash: the new map's capacity must be a power of "
                          f"two, got {capacity} slots")
     new_keys = torch.full((capacity,), EMPTY, dtype=torch.int64)
     new_rows = torch.full((capacity,), -1, dtype=torch.int64)
-    moved = library().rk_rehash(_p(slot_keys), _p(slot_rows), old_capacity, rows_below,
+    moved = _loaded().rk_rehash(_p(slot_keys), _p(slot_rows), old_capacity, rows_below,
                                 _p(new_keys), _p(new_rows), capacity)
     if moved < 0:
         raise ValueError(f"cpu_native.rehash: a map of {capacity} slots cannot hold the "
@@ -519,24 +453,24 @@ def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
     ```
     """
     kernel = "pool_forward"
-    _tensor(kernel, "weights", weights, tuple(ROW_DTYPES), 2)
-    _tensor(kernel, "unique_rows", unique_rows, torch.int64, 1)
-    n = _forward_index(kernel, unique_index, destination, id_weight)
-    num_slots = _integer(kernel, "num_slots", num_slots)
+    check_tensor(kernel, "weights", weights, tuple(ROW_DTYPES), 2)
+    check_tensor(kernel, "unique_rows", unique_rows, torch.int64, 1)
+    n = check_forward_index(kernel, unique_index, destination, id_weight)
+    num_slots = check_integer(kernel, "num_slots", num_slots)
     num_rows, dim = weights.shape
     out = torch.empty(num_slots, dim, dtype=torch.float32)     # the C loop zeroes it
-    bad = library().rk_pool_forward(_p(weights), ROW_DTYPES[weights.dtype], num_rows, dim,
+    bad = _loaded().rk_pool_forward(_p(weights), ROW_DTYPES[weights.dtype], num_rows, dim,
                                     _p(unique_rows),
                                     unique_rows.shape[0], _p(unique_index),
                                     _p(destination), _p(id_weight), n, _p(out),
                                     num_slots, _threads())
     if bad & _BAD_TARGET:
-        raise _outside(kernel, "destination", destination, num_slots, "num_slots")
+        raise out_of_range(kernel, "destination", destination, num_slots, "num_slots")
     if bad & _BAD_THROUGH:
-        raise _outside(kernel, "unique_index", unique_index, unique_rows.shape[0],
+        raise out_of_range(kernel, "unique_index", unique_index, unique_rows.shape[0],
                        "len(unique_rows)")
     if bad & _BAD_SOURCE:
-        raise _outside(kernel, "unique_rows", unique_rows, num_rows, "rows of weights")
+        raise out_of_range(kernel, "unique_rows", unique_rows, num_rows, "rows of weights")
     return out
 
 
@@ -574,18 +508,18 @@ def aggregate(grad_out: torch.Tensor, unique_index: torch.Tensor,
     ```
     """
     kernel = "aggregate"
-    _tensor(kernel, "grad_out", grad_out, torch.float32, 2)
-    n = _forward_index(kernel, unique_index, destination, id_weight)
-    num_unique = _integer(kernel, "num_unique", num_unique)
+    check_tensor(kernel, "grad_out", grad_out, torch.float32, 2)
+    n = check_forward_index(kernel, unique_index, destination, id_weight)
+    num_unique = check_integer(kernel, "num_unique", num_unique)
     num_slots, dim = grad_out.shape
     grads = torch.empty(num_unique, dim, dtype=torch.float32)  # the C loop zeroes it
-    bad = library().rk_aggregate(_p(grad_out), num_slots, dim, _p(unique_index),
+    bad = _loaded().rk_aggregate(_p(grad_out), num_slots, dim, _p(unique_index),
                                  _p(destination), _p(id_weight), n, _p(grads), num_unique,
                                  _threads())
     if bad & _BAD_TARGET:
-        raise _outside(kernel, "unique_index", unique_index, num_unique, "num_unique")
+        raise out_of_range(kernel, "unique_index", unique_index, num_unique, "num_unique")
     if bad & _BAD_SOURCE:
-        raise _outside(kernel, "destination", destination, num_slots, "rows of grad_out")
+        raise out_of_range(kernel, "destination", destination, num_slots, "rows of grad_out")
     return grads
 
 
@@ -623,9 +557,9 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     ```
     """
     kernel = "unique_rows"
-    _tensor(kernel, "rows", rows, torch.int64, 1)
-    num_rows = _integer(kernel, "num_rows", num_rows)
-    if rows.shape[0] > _INT32_MAX:
+    check_tensor(kernel, "rows", rows, torch.int64, 1)
+    num_rows = check_integer(kernel, "num_rows", num_rows)
+    if rows.shape[0] > INT32_MAX:
         raise ValueError(f"cpu_native.{kernel}: rows has {rows.shape[0]} entries, more "
                          f"than the int32 positions hold (2^31 - 1)")
     position = getattr(_positions, "buffer", None)
@@ -634,10 +568,10 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
         _positions.buffer = position
     unique = torch.empty_like(rows)
     unique_index = torch.empty_like(rows)
-    count = library().rk_unique_rows(_p(rows), rows.shape[0], num_rows, _p(position),
+    count = _loaded().rk_unique_rows(_p(rows), rows.shape[0], num_rows, _p(position),
                                      _p(unique), _p(unique_index))
     if count < 0:
-        raise _outside(kernel, "rows", rows, num_rows, "num_rows")
+        raise out_of_range(kernel, "rows", rows, num_rows, "num_rows")
     return unique[:count], unique_index
 
 
@@ -686,12 +620,12 @@ def apply_update(kind: str, weights: torch.Tensor, state: torch.Tensor,
     if kind not in UPDATE_KINDS:
         raise ValueError(f"cpu_native.apply_update: kind must be one of "
                          f"{sorted(UPDATE_KINDS)}, got {kind!r}")
-    _tensor(kernel, "weights", weights, tuple(ROW_DTYPES), 2)
-    _tensor(kernel, "state", state, torch.float32, 2)
-    _tensor(kernel, "rows", rows, torch.int64, 1)
-    _tensor(kernel, "grads", grads, torch.float32, 2)
-    lr, eps = _real(kernel, "lr", lr), _real(kernel, "eps", eps)
-    round_seed = _integer(kernel, "round_seed", round_seed, 0, 2**32 - 1)
+    check_tensor(kernel, "weights", weights, tuple(ROW_DTYPES), 2)
+    check_tensor(kernel, "state", state, torch.float32, 2)
+    check_tensor(kernel, "rows", rows, torch.int64, 1)
+    check_tensor(kernel, "grads", grads, torch.float32, 2)
+    lr, eps = check_real(kernel, "lr", lr), check_real(kernel, "eps", eps)
+    round_seed = check_integer(kernel, "round_seed", round_seed, 0, 2**32 - 1)
     num_rows, dim = weights.shape
     if grads.shape != (rows.shape[0], dim):
         raise ValueError(f"cpu_native.apply_update: grads must be [{rows.shape[0]}, {dim}] "
@@ -700,9 +634,9 @@ def apply_update(kind: str, weights: torch.Tensor, state: torch.Tensor,
     if kind != "sgd" and state.shape != (num_rows, width):
         raise ValueError(f"cpu_native.apply_update: {kind} needs state of shape "
                          f"[{num_rows}, {width}], got {tuple(state.shape)}")
-    status = library().rk_apply_update(UPDATE_KINDS[kind], _p(weights),
+    status = _loaded().rk_apply_update(UPDATE_KINDS[kind], _p(weights),
                                        ROW_DTYPES[weights.dtype], _p(state),
                                        state.shape[1], dim, num_rows, _p(rows), _p(grads),
                                        rows.shape[0], lr, eps, round_seed, _threads())
     if status:
-        raise _outside(kernel, "rows", rows, num_rows, "rows of weights")
+        raise out_of_range(kernel, "rows", rows, num_rows, "rows of weights")

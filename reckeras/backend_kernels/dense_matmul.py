@@ -25,9 +25,10 @@ The reference is `torch.matmul` itself; tests compare both with float64.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
-from torch.autograd.function import FunctionCtx, once_differentiable
+from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
 
@@ -69,6 +70,15 @@ def linear(inputs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise.default(inputs, weight, None, "none", [], "")
 
 
+class _MatmulContext(Protocol):
+    """What `OneDNNMatmul` uses of torch's context of a call."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+
 class OneDNNMatmul(torch.autograd.Function):
     """`x @ kernel` for float32 CPU `x` `[..., i]` and `kernel` `[i, o]`,
     forward and backward in oneDNN.
@@ -81,7 +91,7 @@ class OneDNNMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: _MatmulContext, x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
         """`x @ kernel`; keeps both for the backward.
 
         Args:
@@ -97,7 +107,7 @@ class OneDNNMatmul(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: FunctionCtx, grad: torch.Tensor
+    def backward(ctx: _MatmulContext, grad: torch.Tensor
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The gradients of `x` and `kernel` (those that are needed).
 

@@ -33,7 +33,7 @@ import contextlib
 import importlib.util
 import types
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 
@@ -154,7 +154,9 @@ def interpreted() -> bool:
 
 def register(schema: str, *, reference: Callable, fake: Callable,
              triton: Callable | None = None, native: Callable | None = None,
-             native_usable: Callable[..., bool] | None = None) -> Callable[..., Any]:
+             native_usable: Callable[..., bool] | None = None,
+             backward: Callable | None = None,
+             setup_context: Callable | None = None) -> Callable[..., Any]:
     """Defines the torch op `reckeras::<name>` of a kernel family's entry point.
 
     The op's CPU implementation runs `triton` inside `triton_on_cpu()`, else
@@ -175,6 +177,11 @@ def register(schema: str, *, reference: Callable, fake: Callable,
             serves both devices, e.g. when it calls other ops).
         native: the native CPU implementation, if any.
         native_usable: whether `native` serves these arguments.
+        backward: the op's gradient formula, if it has one
+            (`torch.library.register_autograd`): `backward(ctx, *grads)`
+            returns one gradient (or None) per argument.
+        setup_context: `setup_context(ctx, inputs, output)`, what the
+            forward keeps for `backward`.
 
     Returns:
         The op (`torch.ops.reckeras.<name>.default`), what the entry point calls.
@@ -194,7 +201,7 @@ def register(schema: str, *, reference: Callable, fake: Callable,
     def on_cpu(*args: Any) -> Any:
         if _triton_on_cpu:
             return triton(*args)
-        if native is not None and native_usable(*args):
+        if native is not None and native_usable is not None and native_usable(*args):
             return native(*args)
         return reference(*args)
 
@@ -202,23 +209,31 @@ def register(schema: str, *, reference: Callable, fake: Callable,
     LIBRARY.impl(name, on_cpu, "CPU")
     LIBRARY.impl(name, on_cuda, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
+    if backward is not None:
+        torch.library.register_autograd(f"{NAMESPACE}::{name}", backward,
+                                        setup_context=setup_context, lib=LIBRARY)
     return getattr(torch.ops.reckeras, name).default
 
 
-class constexpr:  # noqa: N801 - read by name, as triton.language.constexpr
-    """Annotation of a compile-time kernel argument (`BLOCK: constexpr`).
+if TYPE_CHECKING:
+    # To a type checker a compile-time argument is the number or flag it is
+    # launched with, which the kernel's body computes with (`range(0, n, BLOCK)`).
+    constexpr = Any
+else:
+    class constexpr:  # noqa: N801 - read by name, as triton.language.constexpr
+        """Annotation of a compile-time kernel argument (`BLOCK: constexpr`).
 
-    Triton reads a parameter whose annotation is named `constexpr` as a
-    compile-time argument, so this stand-in serves without importing triton.
+        Triton reads a parameter whose annotation is named `constexpr` as a
+        compile-time argument, so this stand-in serves without importing triton.
 
-    Example:
+        Example:
 
-    ```python
-    @kernel
-    def _scale_kernel(x_ptr, n, BLOCK: constexpr):
-        ...
-    ```
-    """
+        ```python
+        @kernel
+        def _scale_kernel(x_ptr, n, BLOCK: constexpr):
+            ...
+        ```
+        """
 
 
 class Kernel:
@@ -227,7 +242,8 @@ class Kernel:
     What `@kernel` makes of a plain function; the module stores this handle.
     `kernel[grid](...)` launches it as a `triton.jit` function; another
     kernel's body calls it by its name, as Triton device functions are
-    called.
+    called (`jit` binds that name to the callee's jitted function; calling
+    the handle calls that function, which Triton allows inside kernels only).
 
     Args:
         fn: the function, written in Triton's language as `tl`.
@@ -252,8 +268,12 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<Kernel {self.fn.__module__}.{self.fn.__qualname__}>"
 
-    def __getitem__(self, grid: Any) -> Callable:
+    def __getitem__(self, grid: tuple[int, ...] | Callable[..., tuple[int, ...]]
+                    ) -> Callable[..., Any]:
         return self.jit()[grid]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.jit()(*args, **kwargs)
 
     def jit(self) -> Any:
         """The `triton.jit` function of this kernel (made on the first call).
@@ -293,8 +313,16 @@ class Kernel:
         return self._jitted
 
 
+@overload
+def kernel(fn: Callable) -> Kernel: ...
+
+
+@overload
+def kernel(*, do_not_specialize: Iterable[str]) -> Callable[[Callable], Kernel]: ...
+
+
 def kernel(fn: Callable | None = None, *,
-           do_not_specialize: Iterable[str] = ()) -> Kernel | Callable:
+           do_not_specialize: Iterable[str] = ()) -> Kernel | Callable[[Callable], Kernel]:
     """Makes `fn` a Triton kernel or device function (a `Kernel` handle).
 
     Args:

@@ -27,12 +27,19 @@ All give the same key -> row mapping up to the numbering of the rows created
 by one call; everything above the map only relies on that mapping.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from reckeras.backend_kernels import cpu_native
-from reckeras.backend_kernels.cpu_native import EMPTY   # one free-slot key for C, torch, Triton
+from reckeras.backend_kernels.cpu_native import EMPTY  # one free-slot key for C, torch, Triton
 from reckeras.backend_kernels.dispatch import blocks, constexpr, kernel, register
 from reckeras.backend_kernels.hashing import GOLDEN
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them, so
+    # importing this module imports no triton.
+    import triton.language as tl
 
 # A key equal to EMPTY (-2**63) is stored as EMPTY + 1.
 MAX_LOAD = 0.5

@@ -24,11 +24,18 @@ native CPU kernels where they can be built. Strings are hashed on the host
 only (`hash_strings`, numpy).
 """
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from reckeras.backend_kernels import cpu_native
 from reckeras.backend_kernels.dispatch import blocks, constexpr, kernel, register
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them, so
+    # importing this module imports no triton.
+    import triton.language as tl
 
 # 64-bit constants written as their signed int64 values (Triton's interpreter
 # rejects integer literals above 2**63 - 1).

@@ -26,13 +26,17 @@ reach a value or a gradient.
 """
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
-from reckeras.backend_kernels.dispatch import (constexpr, kernel,
-                                               next_power_of_2, use_triton)
+from reckeras.backend_kernels.dispatch import constexpr, kernel, next_power_of_2, register
 from reckeras.backend_kernels.pooling import sequence_positions
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them, so
+    # importing this module imports no triton.
+    import triton.language as tl
 
 FORWARD_BLOCK = 64      # queries (and keys per step) of a forward program
 BACKWARD_BLOCK = 32     # keys (queries) of a backward program, and per step
@@ -97,15 +101,131 @@ def padded_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out * mask[:, None, :, None].to(out.dtype)
 
 
+class _LengthClass(NamedTuple):
+    """The sequences of one length class, padded to its width.
+
+    Args:
+        tokens: int64, the class's tokens (rows of the packed batch).
+        slot: int64, each one's row in the padded `[members * width]` layout.
+        members: the class's sequences.
+        width: the class's padded length.
+    """
+
+    tokens: torch.Tensor
+    slot: torch.Tensor
+    members: int
+    width: int
+
+    def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """`[N, H, ...]` packed -> `[members, H, width, ...]`, `fill` at padding."""
+        rows = self.members * self.width
+        padded = x.new_full((rows, *x.shape[1:]), fill).index_copy(
+            0, self.slot, x.index_select(0, self.tokens))
+        return padded.view(self.members, self.width, *x.shape[1:]).transpose(1, 2)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """`[members, H, width, ...]` -> the class's tokens' `[tokens, H, ...]`."""
+        x = x.transpose(1, 2)
+        return x.reshape(self.members * self.width, *x.shape[2:]).index_select(0, self.slot)
+
+    def mask(self, causal: bool, dtype: torch.dtype) -> torch.Tensor:
+        """`[members, 1, width, width]`: 0 where a query attends to a key (the
+        key in its sequence, and not after it with `causal`), -inf elsewhere.
+        Key 0 is allowed for every query, padding ones included, so no
+        softmax row is fully masked."""
+        live = torch.zeros(self.members * self.width, dtype=torch.bool,
+                           device=self.slot.device).index_fill_(0, self.slot, True)
+        allowed = live.view(self.members, 1, 1, self.width)
+        if causal:
+            positions = torch.arange(self.width, device=live.device)
+            allowed = allowed & (positions[None, :] <= positions[:, None])
+        return torch.zeros(allowed.shape, dtype=dtype,
+                           device=live.device).masked_fill_(~allowed, float("-inf"))
+
+
+def _length_classes(offsets: torch.Tensor, num_tokens: int,
+                    max_len: int) -> list[_LengthClass]:
+    """The batch's sequences grouped by length class: lengths in `(c/2, c]`
+    for `c` a power of two, capped at `max_len`; empty sequences in none."""
+    lengths = offsets[1:] - offsets[:-1]
+    sequence, position = sequence_positions(offsets, num_tokens)
+    # 2 ** ceil(log2(length)), exactly, for lengths >= 1.
+    classes = torch.where(lengths > 1, torch.pow(2, torch.frexp(
+        (lengths - 1).double())[1].long()), lengths).clamp(max=max_len)
+    token_class = classes.index_select(0, sequence)
+    result = []
+    for width in torch.unique(classes[lengths > 0]).tolist():
+        members = (classes == width).nonzero().squeeze(1)
+        rank = torch.full_like(lengths, -1).index_copy_(
+            0, members, torch.arange(members.numel(), device=offsets.device))
+        tokens = (token_class == width).nonzero().squeeze(1)
+        slot = rank.index_select(0, sequence.index_select(0, tokens)) * width \
+            + position.index_select(0, tokens)
+        result.append(_LengthClass(tokens, slot, members.numel(), width))
+    return result
+
+
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
+    """The log-sum-exp's: float32 for float32 and half types, float64 for float64."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+# torch's fused CPU attention, the one SDPA runs on CPU, called directly for
+# the log-sum-exp it returns and its backward takes (SDPA hides both): the
+# backward then needs no second forward, and no `[L, L]` scores are stored.
+_flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_attention_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       offsets: torch.Tensor, max_len: int, causal: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`jagged_attention_forward` on CPU tensors, padded length classes at a
+    time: the output and the log-sum-exp of every query's scores (`[N, H]`)."""
+    _check(q, k, v, offsets)
+    num_tokens, heads = q.shape[:2]
+    # Every token belongs to one class, so every row below is written.
+    out = q.new_empty(q.shape)
+    lse = q.new_empty((num_tokens, heads), dtype=_lse_dtype(q))
+    for group in _length_classes(offsets, num_tokens, max_len):
+        group_out, group_lse = _flash_attention(
+            group.pad(q), group.pad(k), group.pad(v), 0.0, False,
+            attn_mask=group.mask(causal, q.dtype), scale=scale)
+        out.index_copy_(0, group.tokens, group.unpad(group_out))
+        lse.index_copy_(0, group.tokens, group.unpad(group_lse).to(lse.dtype))
+    return out, lse
+
+
+def _backward_reference(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+        max_len: int, causal: bool, scale: float, out: torch.Tensor, lse: torch.Tensor,
+        grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`jagged_attention_backward` on CPU tensors, padded length classes at a
+    time, from the forward's output and log-sum-exp."""
+    num_tokens = q.shape[0]
+    grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
+    for group in _length_classes(offsets, num_tokens, max_len):
+        # Padding queries: a log-sum-exp of +inf makes their probabilities 0,
+        # so they add nothing to the keys' and values' gradients.
+        grads = _flash_attention_backward(
+            group.pad(grad_out), group.pad(q), group.pad(k), group.pad(v), group.pad(out),
+            group.pad(lse, float("inf")), 0.0, False, attn_mask=group.mask(causal, q.dtype),
+            scale=scale)
+        for grad, value in zip((grad_q, grad_k, grad_v), grads, strict=True):
+            grad.index_copy_(0, group.tokens, group.unpad(value))
+    return grad_q, grad_k, grad_v
+
+
 def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                offsets: torch.Tensor, max_len: int, causal: bool = False,
                                scale: float | None = None) -> torch.Tensor:
-    """`jagged_attention` with SDPA on padded batches.
+    """`jagged_attention` with torch ops on padded batches.
 
     Sequences are grouped by length class (lengths in `(c/2, c]` for
     `c` a power of two, capped at `max_len`) and each group is padded to
     its class only: a long-tailed batch then pays for about twice its
-    tokens' attention, not for `B * max_len**2`.
+    tokens' attention, not for `B * max_len**2`. It is what the op runs on
+    CPU tensors; called directly, torch's autograd differentiates its ops.
 
     Args:
         q: float `[N, H, Dh]` queries of all sequences, packed.
@@ -129,46 +249,13 @@ def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     out = jagged_attention_reference(q, k, v, torch.tensor([0, 2, 2, 5]), 3)
     ```
     """
-    _check(q, k, v, offsets)
-    num_tokens, heads, head_dim = q.shape
-    lengths = offsets[1:] - offsets[:-1]
-    sequence, position = sequence_positions(offsets, num_tokens)
-    # 2 ** ceil(log2(length)), exactly, for lengths >= 1.
-    classes = torch.where(lengths > 1, torch.pow(2, torch.frexp(
-        (lengths - 1).double())[1].long()), lengths).clamp(max=max_len)
-    token_class = classes.index_select(0, sequence)
-    order, results = [], []
-    for width in torch.unique(classes[lengths > 0]).tolist():
-        members = (classes == width).nonzero().squeeze(1)
-        rank = torch.full_like(lengths, -1).index_copy_(
-            0, members, torch.arange(members.numel(), device=offsets.device))
-        tokens = (token_class == width).nonzero().squeeze(1)
-        slot = rank.index_select(0, sequence.index_select(0, tokens)) * width \
-            + position.index_select(0, tokens)
-        rows = members.numel() * width
-
-        def padded(x):
-            return x.new_zeros(rows, heads, head_dim).index_copy(
-                0, slot, x.index_select(0, tokens)) \
-                .view(-1, width, heads, head_dim).transpose(1, 2)
-
-        mask = torch.zeros(rows, dtype=torch.bool, device=q.device)
-        mask.index_fill_(0, slot, True)
-        result = padded_attention_reference(padded(q), padded(k), padded(v),
-                                            mask.view(-1, width), causal, scale)
-        order.append(tokens)
-        results.append(result.transpose(1, 2).reshape(rows, heads, head_dim)
-                       .index_select(0, slot))
-    if not results:
-        return torch.zeros_like(q)
-    # The classes' tokens are a permutation of all tokens: one gather undoes it.
-    order = torch.cat(order)
-    inverse = torch.empty_like(order).index_copy_(
-        0, order, torch.arange(num_tokens, device=order.device))
-    return torch.cat(results).index_select(0, inverse)
+    return _forward_reference(q, k, v, offsets, max_len, causal,
+                              _scale(scale, q.shape[-1]))[0]
 
 
-def _padded_to_max_len(q, k, v, offsets, max_len, causal, scale):
+def _padded_to_max_len(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       offsets: torch.Tensor, max_len: int, causal: bool,
+                       scale: float) -> torch.Tensor:
     """The reference with every sequence padded to `max_len`: shapes that do
     not depend on the lengths, which `torch.export` can trace (the length
     classes' loop of `jagged_attention_reference` cannot be)."""
@@ -354,9 +441,11 @@ def _launch_config(q: torch.Tensor) -> tuple[int, str]:
 def _forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     offsets: torch.Tensor, max_len: int, causal: bool,
                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(q, k, v, offsets)
+    q, k, v, offsets = (t.contiguous() for t in (q, k, v, offsets))
     num_tokens, heads, head_dim = q.shape
     out = torch.empty_like(q)
-    lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=q.device)
+    lse = torch.empty(num_tokens, heads, dtype=_lse_dtype(q), device=q.device)
     batch = offsets.numel() - 1
     if num_tokens and batch and max_len:
         block_d, precision = _launch_config(q)
@@ -371,6 +460,7 @@ def _backward_triton(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
         max_len: int, causal: bool, scale: float, out: torch.Tensor, lse: torch.Tensor,
         grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, offsets, lse = (t.contiguous() for t in (q, k, v, offsets, lse))
     num_tokens, heads, head_dim = q.shape
     grad_q, grad_k, grad_v = (torch.empty_like(q) for _ in range(3))
     batch = offsets.numel() - 1
@@ -389,99 +479,53 @@ def _backward_triton(
     return grad_q, grad_k, grad_v
 
 
-class JaggedAttention(torch.autograd.Function):
-    """The Triton forward and backward as one differentiable op.
+# ---- the torch ops -----------------------------------------------------------------------
 
-    Call it through `apply` (or `jagged_attention`), with the arguments of
-    `forward` but `ctx`; `scale` must be given.
+_ARGUMENTS = "Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, bool causal, float scale"
 
-    Example:
-
-    ```python
-    from reckeras.backend_kernels.jagged_attention import JaggedAttention
-
-    q, k, v = (torch.randn(5, 2, 16, device="cuda", requires_grad=True)
-               for _ in range(3))
-    offsets = torch.tensor([0, 2, 5], device="cuda")
-    out = JaggedAttention.apply(q, k, v, offsets, 3, False, 0.25)
-    out.sum().backward()
-    ```
-    """
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                offsets: torch.Tensor, max_len: int, causal: bool,
-                scale: float) -> torch.Tensor:
-        """Runs the forward kernel and saves what the backward needs.
-
-        Args:
-            ctx: the autograd context.
-            q: float `[N, H, Dh]` queries (CUDA).
-            k: float `[N, H, Dh]` keys.
-            v: float `[N, H, Dh]` values.
-            offsets: int64 `[B + 1]` sequence offsets.
-            max_len: an upper bound of the sequence lengths.
-            causal: whether a token attends only to itself and earlier ones.
-            scale: the softmax scale.
-
-        Returns:
-            `[N, H, Dh]`.
-        """
-        q, k, v, offsets = (t.contiguous() for t in (q, k, v, offsets))
-        out, lse = _forward_triton(q, k, v, offsets, max_len, causal, scale)
-        ctx.save_for_backward(q, k, v, offsets, out, lse)
-        ctx.max_len, ctx.causal, ctx.scale = max_len, causal, scale
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        """Runs the two backward kernels.
-
-        Args:
-            ctx: the autograd context `forward` filled.
-            grad_out: `[N, H, Dh]`, the gradient of the output.
-
-        Returns:
-            The gradients of `q`, `k` and `v`, then `None` for the other
-            arguments of `forward`.
-        """
-        q, k, v, offsets, out, lse = ctx.saved_tensors
-        grads = _backward_triton(q, k, v, offsets, ctx.max_len, ctx.causal, ctx.scale,
-                                 out, lse, grad_out)
-        return (*grads, None, None, None, None)
+_backward = register(
+    f"jagged_attention_backward({_ARGUMENTS}, Tensor out, Tensor lse, Tensor grad_out) "
+    "-> (Tensor, Tensor, Tensor)",
+    reference=_backward_reference, triton=_backward_triton,
+    fake=lambda q, k, v, *_: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
 
 
-def jagged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            offsets: torch.Tensor, max_len: int, causal: bool = False,
-                            scale: float | None = None) -> torch.Tensor:
-    """`jagged_attention` with the Triton kernels (CUDA tensors).
+class _AttentionContext(Protocol):
+    """What the op's autograd keeps in torch's context of a call."""
 
-    Args:
-        q: float `[N, H, Dh]` queries of all sequences, packed (`Dh` at most
-            `MAX_HEAD_DIM`).
-        k: float `[N, H, Dh]` keys.
-        v: float `[N, H, Dh]` values.
-        offsets: int64 `[B + 1]`; sequence `b` is tokens
-            `offsets[b]:offsets[b + 1]`.
-        max_len: an upper bound of the sequence lengths.
-        causal: whether a token attends only to itself and earlier tokens.
-        scale: softmax scale; `1 / sqrt(Dh)` by default.
+    saved_tensors: tuple[torch.Tensor, ...]
+    max_len: int
+    causal: bool
+    scale: float
 
-    Returns:
-        `[N, H, Dh]`, differentiable in `q`, `k` and `v`.
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
 
-    Example:
+    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None: ...
 
-    ```python
-    from reckeras.backend_kernels.jagged_attention import jagged_attention_triton
 
-    q = k = v = torch.randn(5, 2, 16, device="cuda")
-    out = jagged_attention_triton(q, k, v, torch.tensor([0, 2, 5], device="cuda"), 3)
-    ```
-    """
-    _check(q, k, v, offsets)
-    return JaggedAttention.apply(q, k, v, offsets, int(max_len), bool(causal),
-                                 _scale(scale, q.shape[-1]))
+def _save_for_backward(ctx: _AttentionContext, inputs: tuple[Any, ...],
+                       output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, k, v, offsets, max_len, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, offsets, out, lse)
+    ctx.max_len, ctx.causal, ctx.scale = max_len, causal, scale
+    ctx.mark_non_differentiable(lse)        # the backward's input, not a result
+
+
+def _differentiate(ctx: _AttentionContext, grad_out: torch.Tensor,
+                   _grad_lse: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    q, k, v, offsets, out, lse = ctx.saved_tensors
+    grads = _backward(q, k, v, offsets, ctx.max_len, ctx.causal, ctx.scale, out, lse,
+                      grad_out)
+    return (*grads, None, None, None, None)
+
+
+_forward = register(
+    f"jagged_attention_forward({_ARGUMENTS}) -> (Tensor, Tensor)",
+    reference=_forward_reference, triton=_forward_triton,
+    fake=lambda q, *_: (torch.empty_like(q),
+                        q.new_empty(q.shape[:2], dtype=_lse_dtype(q))),
+    backward=_differentiate, setup_context=_save_for_backward)
 
 
 def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -489,13 +533,16 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      scale: float | None = None) -> torch.Tensor:
     """Softmax attention within each sequence of a packed batch.
 
-    Runs the Triton kernels on CUDA tensors and the torch reference
-    elsewhere; while `torch.export` traces it (`rk.Model.export_serving`),
+    The torch op `reckeras::jagged_attention_forward` (differentiable: its
+    backward is the op `reckeras::jagged_attention_backward`): the Triton
+    kernels on CUDA tensors, `jagged_attention_reference`'s arithmetic on
+    CPU tensors. While `torch.export` traces it (`rk.Model.export_serving`),
     the reference with every sequence padded to `max_len`, whose shapes do
     not depend on the lengths.
 
     Args:
-        q: float `[N, H, Dh]`, the queries of all sequences' tokens, packed.
+        q: float `[N, H, Dh]`, the queries of all sequences' tokens, packed
+            (`Dh` at most `MAX_HEAD_DIM` on CUDA).
         k: float `[N, H, Dh]` keys.
         v: float `[N, H, Dh]` values.
         offsets: int64 `[B + 1]`; sequence `b` is tokens
@@ -518,8 +565,8 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out.shape   # torch.Size([5, 2, 8])
     ```
     """
+    _check(q, k, v, offsets)
+    scale = _scale(scale, q.shape[-1])
     if torch.compiler.is_exporting():       # model.export_serving traces it
-        fn = _padded_to_max_len
-    else:
-        fn = jagged_attention_triton if use_triton(q) else jagged_attention_reference
-    return fn(q, k, v, offsets, max_len, causal, scale)
+        return _padded_to_max_len(q, k, v, offsets, max_len, causal, scale)
+    return _forward(q, k, v, offsets, int(max_len), bool(causal), scale)[0]

@@ -107,11 +107,11 @@ def build(sanitize: bool) -> Path:
         return _build(_FLAGS + _SANITIZE_FLAGS + ["-fopenmp"])
     try:
         return _build(_FLAGS + _OPTIMIZED + ["-fopenmp"])
-    except _CompilerFailed:
+    except _CompileError:
         return _build(_FLAGS + _OPTIMIZED)      # no OpenMP here: the same loops, one thread
 
 
-class _CompilerFailed(BuildError):
+class _CompileError(BuildError):
     """The compiler ran and failed (as opposed to: none was found)."""
 
 
@@ -132,7 +132,7 @@ def _build(flags: list[str]) -> Path:
             os.replace(built, target)      # atomic: concurrent builders agree
     except subprocess.CalledProcessError as error:
         detail = (error.stderr or b"").decode(errors="replace").strip()[:600]
-        raise _CompilerFailed(f"{' '.join(command)} failed (exit {error.returncode}): "
+        raise _CompileError(f"{' '.join(command)} failed (exit {error.returncode}): "
                          f"{detail}") from error
     except (OSError, subprocess.SubprocessError) as error:
         raise BuildError(f"{' '.join(command)} could not run: {error}") from error

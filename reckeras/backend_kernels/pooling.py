@@ -36,16 +36,20 @@ applies both.
 """
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
-from torch.autograd.function import FunctionCtx
 
-from reckeras.backend_kernels.aggregation import (aggregate_row_grads, bag_sums,
-                                                  group_by, is_permutation,
-                                                  segment_sum_triton, sorted_groups,
-                                                  unit_scale)
 from reckeras.backend_kernels import cpu_native
+from reckeras.backend_kernels.aggregation import (
+    aggregate_row_grads,
+    bag_sums,
+    group_by,
+    is_permutation,
+    segment_sum_triton,
+    sorted_groups,
+    unit_scale,
+)
 from reckeras.backend_kernels.dispatch import register, use_native, use_triton
 
 
@@ -245,6 +249,17 @@ def pooled_lookup(weights: torch.Tensor, unique_rows: torch.Tensor,
                           num_slots)
 
 
+class _LookupContext(Protocol):
+    """What `PooledLookup` keeps in torch's context of a call."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    apply_row_grads: Callable
+    index: DestinationMajor | None      # the CPU forward's, reused by the backward
+    needs_input_grad: tuple[bool, ...]
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+
 class PooledLookup(torch.autograd.Function):
     """`pooled_lookup` whose backward applies the sparse optimizer.
 
@@ -264,7 +279,7 @@ class PooledLookup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, anchor: torch.Tensor, weights: torch.Tensor,
+    def forward(ctx: _LookupContext, anchor: torch.Tensor, weights: torch.Tensor,
                 unique_rows: torch.Tensor, unique_index: torch.Tensor,
                 destination: torch.Tensor, id_weight: torch.Tensor, num_slots: int,
                 apply_row_grads: Callable,
@@ -307,7 +322,7 @@ class PooledLookup(torch.autograd.Function):
         return pooled, table.index_select(0, rows).float()
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad_out: torch.Tensor,
+    def backward(ctx: _LookupContext, grad_out: torch.Tensor,
                  *penalized_grads: torch.Tensor) -> tuple[None, ...]:
         """Hands the rows' gradients (or the pooled gradient) to the hook.
 

@@ -40,15 +40,27 @@ updates the rows, so the per-row gradients never go to memory.
 """
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from reckeras.backend_kernels import cpu_native
-from reckeras.backend_kernels.aggregation import (MAX_BLOCK_N, aggregate_row_grads,
-                                                  group_by, groups_per_program,
-                                                  ids_per_step, segment_sums,
-                                                  segment_tile, split_segments)
+from reckeras.backend_kernels.aggregation import (
+    MAX_BLOCK_N,
+    aggregate_row_grads,
+    group_by,
+    groups_per_program,
+    ids_per_step,
+    segment_sums,
+    segment_tile,
+    split_segments,
+)
 from reckeras.backend_kernels.dispatch import constexpr, kernel, next_power_of_2, register
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them, so
+    # importing this module imports no triton.
+    import triton.language as tl
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM, ADAMW = range(5)
 

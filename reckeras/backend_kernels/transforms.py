@@ -27,12 +27,23 @@ tensors run the Triton kernels, CPU tensors the torch references; both give
 identical integers.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from reckeras import ragged
 from reckeras.backend_kernels.dispatch import blocks, constexpr, kernel, register
-from reckeras.backend_kernels.hashing import (COMBINE, hash_combine_reference, mix64_bits,
-                                              mix64_reference)
+from reckeras.backend_kernels.hashing import (
+    COMBINE,
+    hash_combine_reference,
+    mix64_bits,
+    mix64_reference,
+)
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them, so
+    # importing this module imports no triton.
+    import triton.language as tl
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 BLOCK = 1024

@@ -5,7 +5,8 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from kernel_cases import DEVICE, SETTINGS, assert_close, on_cpu, on_device, requires_triton
+from kernel_cases import (DEVICE, SETTINGS, assert_close, on_cpu, on_device, requires_triton,
+                          triton_route)
 
 from reckeras.backend_kernels import jagged_attention as ja
 
@@ -99,6 +100,36 @@ def test_padded_reference_has_no_nan_for_fully_masked_rows(causal):
     torch.testing.assert_close(again, out.detach())
 
 
+@pytest.mark.parametrize("lengths", [lengths for lengths in EDGE_LENGTHS
+                                     if sum(lengths) < 120])     # the loop is slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_op_gradients_match_autograd_of_a_loop(lengths, causal):
+    # The op's backward (the reference's arithmetic on CPU tensors) against
+    # torch's autograd through the float64 loop.
+    q, k, v, offsets = (t.double() if t.is_floating_point() else t
+                        for t in jagged_case(lengths))
+    out, grads = with_grads(ja.jagged_attention, q, k, v, offsets, max(lengths), causal)
+    expected, expected_grads = with_grads(naive_attention, q, k, v, offsets, causal)
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+def test_layers_call_the_registered_op():
+    from reckeras.layers import TransformerBlock
+
+    block = TransformerBlock(2, 12)
+    out = block(torch.randn(2, 3, 8), mask=torch.tensor([[True, True, False], [True] * 3]))
+    nodes, seen = [out.grad_fn], set()
+    while nodes:                        # the autograd graph of the output
+        node = nodes.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            nodes.extend(next_node for next_node, _ in node.next_functions)
+    assert any("reckeras_jagged_attention_forward" in node.name() for node in seen), \
+        sorted(node.name() for node in seen)
+
+
 def test_dispatch_on_cpu_is_the_reference():
     q, k, v, offsets = jagged_case([3, 0, 4])
     assert torch.equal(ja.jagged_attention(q, k, v, offsets, 4),
@@ -117,8 +148,9 @@ def assert_triton_matches(lengths, causal, head_dim=6, heads=2, dtype=torch.floa
                           seed=0, tolerance=None):
     case = jagged_case(lengths, heads, head_dim, seed, dtype)
     max_len = max(lengths, default=0)
-    out, grads = with_grads(ja.jagged_attention_triton, *on_device(*case[:3]),
-                            on_device(case[3]), max_len, causal)
+    with triton_route():
+        out, grads = with_grads(ja.jagged_attention, *on_device(*case[:3]),
+                                on_device(case[3]), max_len, causal)
     expected, expected_grads = with_grads(ja.jagged_attention_reference, *case,
                                           max_len, causal)
     tolerance = tolerance or {}
@@ -154,8 +186,8 @@ def test_triton_bfloat16():
 @requires_triton
 def test_triton_rejects_huge_heads():
     q, k, v, offsets = jagged_case([2], heads=1, head_dim=ja.MAX_HEAD_DIM + 1)
-    with pytest.raises(ValueError, match="head dims up to"):
-        ja.jagged_attention_triton(*on_device(q, k, v, offsets), 2)
+    with pytest.raises(ValueError, match="head dims up to"), triton_route():
+        ja.jagged_attention(*on_device(q, k, v, offsets), 2)
 
 
 @requires_triton
@@ -166,7 +198,7 @@ def test_transformer_block_through_the_kernel(monkeypatch, norm_first, causal):
     import reckeras  # noqa: F401  (selects the torch backend before keras)
     import keras
 
-    from reckeras.layers import TransformerBlock
+    from reckeras.layers import TransformerBlock, transformer
 
     keras.utils.set_random_seed(1)
     block = TransformerBlock(2, 12, norm_first=norm_first, causal=causal,
@@ -176,10 +208,12 @@ def test_transformer_block_through_the_kernel(monkeypatch, norm_first, causal):
     mask = on_device(torch.arange(9)[None] < torch.tensor([0, 1, 9, 4])[:, None])
     results = []
     for triton in (False, True):
-        monkeypatch.setattr(ja, "use_triton", lambda tensor, triton=triton: triton)
-        out = block(x, mask=mask)
-        grads = torch.autograd.grad(out.square().sum(),
-                                    [w.value for w in block.trainable_weights])
+        with monkeypatch.context() as patch, triton_route():
+            if not triton:          # the reference, differentiated by autograd
+                patch.setattr(transformer, "jagged_attention", ja.jagged_attention_reference)
+            out = block(x, mask=mask)
+            grads = torch.autograd.grad(out.square().sum(),
+                                        [w.value for w in block.trainable_weights])
         results.append((out, grads))
     (expected, expected_grads), (out, grads) = results
     assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -24,6 +24,12 @@ def forward_index():
             torch.tensor([1.0, 0.5, 2.0, 1.0]))
 
 
+def attention_inputs(requires_grad=False):
+    # Sequences of 3, 0 and 2 tokens; 2 heads of 4 dims; causal, scale 0.5.
+    q, k, v = (torch.randn(5, 2, 4, requires_grad=requires_grad) for _ in range(3))
+    return q, k, v, torch.tensor([0, 3, 3, 5]), 3, True, 0.5
+
+
 def samples():
     """op name -> sample arguments on CPU (fresh tensors on every call)."""
     unique, index, destination, weight = forward_index()
@@ -50,6 +56,10 @@ def samples():
         "find_or_insert": (*a_map(), torch.tensor([4, 11, 11, -3]), 3),
         "find": (*a_map(), torch.tensor([4, 11, -3])),
         "rehash": (*a_map(), 64, None),
+        "jagged_attention_forward": attention_inputs(),
+        "jagged_attention_backward": (*attention_inputs(),
+                                      *torch.ops.reckeras.jagged_attention_forward(
+                                          *attention_inputs()), torch.randn(5, 2, 4)),
     }
 
 
@@ -77,6 +87,13 @@ def test_opcheck(name, native, monkeypatch):
         pytest.skip("no native kernels here")
     op = getattr(torch.ops.reckeras, name).default
     result = torch.library.opcheck(op, samples()[name])
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_opcheck_of_the_jagged_attention_gradient():
+    # The one op with a registered backward: opcheck differentiates it too.
+    op = torch.ops.reckeras.jagged_attention_forward.default
+    result = torch.library.opcheck(op, attention_inputs(requires_grad=True))
     assert set(result.values()) == {"SUCCESS"}, result
 
 
