@@ -62,6 +62,7 @@ from reckeras.embedding.cache import HostCachedTable
 from reckeras.embedding.comm import FlatRouter, HierarchicalRouter, RoutedBatch
 from reckeras.embedding.id_layout import IdLayout
 from reckeras.embedding.lifecycle import RowLifecycle
+from reckeras.embedding.local_row_update import LocalRowUpdate
 from reckeras.embedding.owned_rows import OwnedRows
 from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.physical_table import PhysicalTable
@@ -635,7 +636,7 @@ class EmbeddingEngine:
         if not bool(missing.any()):
             unique, unique_index = unique_rows(rows, store.row_bound)
             self.requests += unique.numel()
-            update = _RowUpdate(
+            update = LocalRowUpdate(
                 self._update, pin,
                 functools.partial(self._apply_row_grads, store, round_seed=round_seed),
                 functools.partial(self._apply_pooled_grads, store, round_seed=round_seed))
@@ -678,26 +679,3 @@ class EmbeddingEngine:
         return {"requests": self.requests,
                 "tables": [store.stats() for store in self.tables]}
 
-
-class _RowUpdate:
-    """PooledLookup's backward hook for the rows of one local table.
-
-    `apply_pooled` hands the pooled gradient to the optimizer, which (on
-    CUDA, or with the native CPU kernels) aggregates it per row and updates
-    the rows in one pass. Either update runs through `schedule` (the
-    engine's: now, or queued in its open deferral); `pin` keeps its rows.
-    """
-
-    def __init__(self, schedule, pin, apply_rows, apply_pooled):
-        self._schedule, self._pin = schedule, pin
-        self._apply_rows, self._apply_pooled = apply_rows, apply_pooled
-
-    def __call__(self, rows, grads, penalized_grads=None):
-        if penalized_grads is not None:     # the penalty of the same rows
-            grads = grads + penalized_grads
-        self._schedule(grads, functools.partial(self._apply_rows, rows, grads), self._pin)
-
-    def apply_pooled(self, rows, grad_out, unique_index, destination, id_weight):
-        self._schedule(grad_out, functools.partial(self._apply_pooled, rows, grad_out,
-                                                   unique_index, destination, id_weight),
-                       self._pin)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import reckeras as rk
-from reckeras.embedding import engine as engine_module
 from reckeras.embedding.engine import EmbeddingEngine
+from reckeras.embedding.local_row_update import LocalRowUpdate
 from reckeras.embedding.packing import PackingPlan
 from reckeras.features.plan import TransformPlan
 
@@ -152,13 +152,13 @@ def test_each_backward_path_is_deferred_and_checked(storage, backward_path, monk
             return _original(self, *args)
 
         monkeypatch.setattr(EmbeddingEngine, name, spy)
-    pooled = engine_module._RowUpdate.apply_pooled
+    pooled = LocalRowUpdate.apply_pooled
 
     def pooled_spy(self, *args):
         seen.append("apply_pooled")
         return pooled(self, *args)
 
-    monkeypatch.setattr(engine_module._RowUpdate, "apply_pooled", pooled_spy)
+    monkeypatch.setattr(LocalRowUpdate, "apply_pooled", pooled_spy)
     plan, engine = make(options_for(storage, lifecycle=True), rk.optimizers.Adam(0.05))
     raws = list(batches(3, seed=1))
     for raw in raws[:2]:                               # "b" and "h" get their rows
@@ -183,13 +183,13 @@ def test_fused_pooled_path_checks_the_pooled_gradient(monkeypatch):
     """Without missing rows and with the native kernels the update is the
     fused `apply_pooled`, whose flag covers the pooled output gradient."""
     calls = []
-    pooled = engine_module._RowUpdate.apply_pooled
+    pooled = LocalRowUpdate.apply_pooled
 
     def pooled_spy(self, rows, grad_out, *args):
         calls.append(grad_out.shape)
         return pooled(self, rows, grad_out, *args)
 
-    monkeypatch.setattr(engine_module._RowUpdate, "apply_pooled", pooled_spy)
+    monkeypatch.setattr(LocalRowUpdate, "apply_pooled", pooled_spy)
     plan, engine = make({}, rk.optimizers.SGD(0.1))
     raw = next(batches(1))
     flat = forward(plan, engine, raw)
