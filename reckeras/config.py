@@ -8,7 +8,7 @@ options with `rk.config.options()` and changes them with `rk.config.set`:
 |---|---|---|---|
 | `malloc_tuning` | `RECKERAS_MALLOC_TUNING` | `True` | `fit` tunes glibc's allocator |
 | `onednn_dense` | `RECKERAS_ONEDNN_DENSE` | `True` | the model's `Dense` in oneDNN on CPU |
-| `native_kernels` | `RECKERAS_NATIVE` | `True` | the C kernels on CPU (else torch's) |
+| `native_kernels` | `RECKERAS_NATIVE` | `None` | C kernels: where built; `True` required |
 | `native_sanitize` | `RECKERAS_NATIVE_SANITIZE` | `False` | C kernels built with ASan, UBSan |
 | `cache_dir` | `RECKERAS_CACHE_DIR` | `~/.cache/reckeras` | where C kernels are compiled to |
 | `timeout_s` | `RECKERAS_TIMEOUT_S` | `300.0` | `rk.distributed.init`'s timeout |
@@ -66,8 +66,11 @@ class Options:
             `keras.layers.Dense` layers (those in the model's graph, and
             those inside reckeras's layers such as `rk.layers.MLP`) run in
             oneDNN instead of MKL. Other code is never routed.
-        native_kernels: whether the C kernels are used on CPU; False runs the
-            torch reference kernels.
+        native_kernels: whether the C kernels are used on CPU. `None` (the
+            default): where they build, else a warning names what is
+            missing and the torch reference kernels run. `True`: required,
+            so a failed build raises a `RuntimeError` that says why (e.g. no
+            C compiler). `False`: never; the torch reference kernels run.
         native_sanitize: whether the C kernels are built with AddressSanitizer
             and UndefinedBehaviorSanitizer (a failed build then raises).
         cache_dir: the directory the C kernels are compiled into.
@@ -87,7 +90,7 @@ class Options:
 
     malloc_tuning: bool = True
     onednn_dense: bool = True
-    native_kernels: bool = True
+    native_kernels: bool | None = None
     native_sanitize: bool = False
     cache_dir: pathlib.Path = pathlib.Path.home() / ".cache" / "reckeras"
     timeout_s: float = 300.0
@@ -178,6 +181,12 @@ def _check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def _check_optional_bool(name: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{_where(name)} must be True, False or None, got {value!r}")
+    return value
+
+
 def _check_path(name: str, value: Any) -> pathlib.Path:
     if not isinstance(value, (str, os.PathLike)):
         raise ValueError(f"{_where(name)} must be a path, got {value!r}")
@@ -199,7 +208,7 @@ def _check_count(name: str, value: Any) -> int | None:
 
 
 _CHECKS = {"malloc_tuning": _check_bool, "onednn_dense": _check_bool,
-           "native_kernels": _check_bool, "native_sanitize": _check_bool,
+           "native_kernels": _check_optional_bool, "native_sanitize": _check_bool,
            "cache_dir": _check_path, "timeout_s": _check_seconds,
            "ranks_per_node": _check_count}
 

@@ -20,7 +20,7 @@ def test_an_empty_environment_gives_the_defaults():
     options = Options.from_environment({"PATH": "/bin", "RECKERAS_TIMEOUT_S": ""})
     assert options == Options()
     assert (options.malloc_tuning, options.onednn_dense, options.native_kernels,
-            options.native_sanitize) == (True, True, True, False)
+            options.native_sanitize) == (True, True, None, False)
     assert options.cache_dir == pathlib.Path.home() / ".cache" / "reckeras"
     assert (options.timeout_s, options.ranks_per_node) == (300.0, None)
 

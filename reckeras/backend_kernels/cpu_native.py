@@ -112,16 +112,18 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels, or `None` when they cannot be built here.
 
     The first call compiles (or finds in the cache) and loads the library;
-    a failed build warns once and is not retried. With
-    `RECKERAS_NATIVE_SANITIZE=1` it builds the sanitized library, and a
-    failed build raises.
+    a failed build warns once and is not retried. A failed build raises
+    instead when the kernels were required (`rk.config`'s
+    `native_kernels=True`, `RECKERAS_NATIVE=1`) or the sanitized library was
+    asked for (`RECKERAS_NATIVE_SANITIZE=1`).
 
     Returns:
         The `ctypes.CDLL`, its functions' signatures set, or `None`.
 
     Raises:
-        RuntimeError: when the sanitized library was asked for and cannot
-            be built or loaded.
+        RuntimeError: when the kernels were required, or the sanitized
+            library was asked for, and cannot be built or loaded; the message
+            says why.
 
     Example:
 
@@ -137,7 +139,8 @@ def library() -> ctypes.CDLL | None:
         return _library
     with _lock:
         if _library is None and not _failed:
-            if not config.options().native_kernels:
+            wanted = config.options().native_kernels
+            if wanted is False:
                 _failed = True
                 return None
             try:
@@ -147,6 +150,10 @@ def library() -> ctypes.CDLL | None:
                     raise RuntimeError(
                         f"reckeras: RECKERAS_NATIVE_SANITIZE=1 but the sanitized native "
                         f"kernels could not be built or loaded: {error}") from error
+                if wanted:
+                    raise RuntimeError(
+                        f"reckeras: native_kernels=True (RECKERAS_NATIVE=1) but the native "
+                        f"CPU kernels could not be built or loaded: {error}") from error
                 _failed = True
                 warnings.warn(f"reckeras: native CPU kernels unavailable ({error}); "
                               f"using the torch reference kernels (rk.config.set("

@@ -46,6 +46,18 @@ def test_a_missing_compiler_is_an_error_for_the_sanitized_build(tmp_path):
     assert "'/nonexistent/rk-cc' (CC) is not an executable" in out
 
 
+def test_required_kernels_without_a_compiler_are_an_error_naming_it(tmp_path):
+    out = probe(tmp_path, CC="/nonexistent/rk-cc", RECKERAS_NATIVE="1")
+    assert out.startswith("raised: reckeras: native_kernels=True (RECKERAS_NATIVE=1) but")
+    assert "'/nonexistent/rk-cc' (CC) is not an executable on PATH" in out
+    assert "apt-get install gcc" in out
+
+
+def test_kernels_turned_off_neither_build_nor_warn(tmp_path):
+    assert probe(tmp_path, CC="/nonexistent/rk-cc", RECKERAS_NATIVE="0") == "False\n"
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_failing_compiler_is_reported_with_its_command(tmp_path):
     out = probe(tmp_path, CC="false")                # runs, and exits 1
     assert out.startswith("False\nwarned: reckeras: native CPU kernels unavailable")
