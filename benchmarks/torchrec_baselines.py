@@ -36,6 +36,8 @@ under `DistributedModelParallel`, so in DDP, as they run it); the ones
 without it share plain PyTorch's floor (`baselines.py`).
 """
 
+import collections
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -117,7 +119,17 @@ def _dmp_model(configuration, workload, batch_size):
     dense_optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
         lambda params: torch.optim.Adagrad(params, lr=LEARNING_RATE))
+    print(f"# {workload.name} {configuration} plan: {plan_summary(model.plan)}", flush=True)
     return model, dense_optimizer
+
+
+def plan_summary(plan):
+    """`"table_wise/fused x26"`: how many tables a `ShardingPlan` gives each
+    (sharding type, compute kernel)."""
+    counts = collections.Counter(
+        f"{sharding.sharding_type}/{sharding.compute_kernel}"
+        for module_plan in plan.plan.values() for sharding in module_plan.values())
+    return ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items()))
 
 
 def _unsharded_model(configuration, workload):
