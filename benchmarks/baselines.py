@@ -222,7 +222,7 @@ def plain_keras(workload, feed, floor=False):
             yield inputs, labels[:, None]
 
     timer = StepTimer()
-    model.fit(inputs_and_labels(), epochs=1, verbose=0, callbacks=[timer])
+    model.fit(inputs_and_labels(), epochs=1, shuffle=False, verbose=0, callbacks=[timer])
     timed_steps = timer.steps - warmup
     timed_loss = (timer.mean_loss_at_end * timer.steps
                   - timer.mean_loss_at_start * warmup) / timed_steps

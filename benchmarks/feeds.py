@@ -110,4 +110,4 @@ class ParquetFeed:
         ids = np.empty((len(self._id_names), rows), dtype=np.int64)
         for field, (name, reserved) in enumerate(zip(self._id_names, self.reserved_ids)):
             ids[field] = record_batch.column(name).fill_null(reserved).to_numpy()
-        return dense, ids, record_batch.column("label").to_numpy()
+        return dense, ids, record_batch.column("label").to_numpy(zero_copy_only=False, writable=True)
