@@ -394,12 +394,16 @@ def systems_to_run(selected, source):
     Args:
         selected: systems asked for (None: every system but the floors);
             their floors are added.
-        source: one of `SOURCES`; `reckeras_memory` runs with "parquet" only.
+        source: one of `SOURCES`; `reckeras_memory` runs with "parquet" only,
+            and then always beside `reckeras`.
 
     Returns:
         A list of `SYSTEMS`.
     """
-    chosen = [system for system in (selected or FLOOR_OF)
+    chosen = list(selected or FLOOR_OF)
+    if source == "parquet" and "reckeras" in chosen:
+        chosen.insert(chosen.index("reckeras") + 1, RECKERAS_MEMORY)
+    chosen = [system for system in dict.fromkeys(chosen)
               if source == "parquet" or system != RECKERAS_MEMORY]
     unknown = sorted(set(chosen) - set(SYSTEMS))
     if unknown:

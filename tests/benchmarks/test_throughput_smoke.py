@@ -81,6 +81,8 @@ def test_systems_to_run_adds_floors_and_keeps_reckeras_memory_for_parquet():
                       "plain_pytorch_floor"]
     everything = throughput.systems_to_run(None, "parquet")
     assert "reckeras_memory" in everything and "torchrec_floor" in everything
+    assert throughput.systems_to_run(["plain_keras", "reckeras"], "parquet") == [
+        "plain_keras", "reckeras", "reckeras_memory", "plain_keras_floor", "reckeras_floor"]
     assert "reckeras_memory" not in throughput.systems_to_run(None, "memory")
     with pytest.raises(ValueError, match="'tensorflow'"):
         throughput.systems_to_run(["tensorflow"], "memory")
