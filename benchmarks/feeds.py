@@ -40,6 +40,10 @@ class MemoryFeed:
     Args:
         batches: `workloads.make_batches` output (`ids` batch-major `[B, F]`).
         warmup: leading batches `warmup()` yields (at least 1, fewer than all).
+
+    Attributes:
+        batch_size: rows of a batch.
+        warmup_steps: batches `warmup()` yields.
     """
 
     source = "memory"
@@ -70,6 +74,10 @@ class ParquetFeed:
             `timed/` parts).
         workload: the `workloads.Workload` of the files.
         batch_size: rows per batch (the files hold whole batches).
+
+    Attributes:
+        batch_size: rows of a batch.
+        warmup_steps: batches `warmup()` yields (from the files' footers).
     """
 
     source = "parquet"
