@@ -118,7 +118,9 @@ SCALING_WORKLOADS = ("dlrm", "wide", "huge")       # 26, 300 and 1000 fields
 
 
 def reckeras_model(workload, floor=False):
-    """The workload's model as a reckeras user writes it, compiled.
+    """The workload's model as a reckeras user writes it, compiled: numeric
+    features `I1..I13` with `transform="log1p"` (a missing value is 0 first),
+    one Categorical per field (a missing id: an empty bag).
 
     Args:
         workload: a `workloads.Workload`.
