@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import baselines  # noqa: E402  (selects Keras's torch backend first)
 import torch  # noqa: E402
+from feeds import MemoryFeed  # noqa: E402
 from throughput import run_reckeras  # noqa: E402
 from workloads import WORKLOADS, make_batches  # noqa: E402
 
@@ -51,7 +52,8 @@ def reckeras_rate(workload, batches, warmup, device):
 
 
 def plain_pytorch_rate(workload, batches, warmup, device):
-    return baselines.plain_pytorch(workload, batches, warmup, device=device).examples_per_s
+    return baselines.plain_pytorch(workload, MemoryFeed(batches, warmup),
+                                   device=device).examples_per_s
 
 
 SYSTEMS = {"reckeras": reckeras_rate, "plain_pytorch": plain_pytorch_rate}

@@ -12,7 +12,7 @@ the dlrm artifact's size and the test AUC of the README quickstart model
 (criteo_synth) through the predictor, against float32's.
 
 Beside them it times the dense network alone: the model's bottom MLP, dot
-interaction and top MLP as plain eager torch modules (`baselines._FloorModel`,
+interaction and top MLP as plain eager torch modules (`baselines.FloorModel`,
 the throughput benchmark's floor) on constant embeddings, under
 `torch.inference_mode`: what a hand-written torch server spends on the network
 before any encoding or lookup. (The predictor runs the same float32 network
@@ -150,7 +150,7 @@ def main():
     path = os.path.join(root, "float32")
     predictor = rk.serving.load(path)
     server, url = start_server(path, args.threads)
-    floor = baselines._FloorModel(workload).eval()
+    floor = baselines.FloorModel(workload).eval()
     print(f"dlrm model, {workload.num_fields} fields, dim {workload.dim}; torch threads "
           f"{args.threads}; {args.calls} calls per cell\n")
     print("| batch | system | p50 ms | p99 ms | examples/s |")

@@ -19,17 +19,39 @@ Every system of the benchmark trains on the same pre-generated batches:
 
     batches = make_batches(WORKLOADS["wide"], batch_size=2048, num_batches=23)
     table = to_arrow(batches, WORKLOADS["wide"])   # for reckeras's reader
+
+or on the same rows written to parquet files with nulls in the proportions
+of real Criteo logs (`null_rates`, `write_parquet`):
+
+    write_parquet(batches, WORKLOADS["wide"], "/tmp/wide", warmup=3)
+    # /tmp/wide/warmup/part-00000.parquet, /tmp/wide/timed/part-0000*.parquet
 """
 
 import dataclasses
+import os
 import zlib
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 NUM_DENSE = 13
 ZIPF_EXPONENT = 1.1
 _TEACHER_SEED = 20_261_201
+_NULL_SEED = 20_261_205
+
+# Share of nulls in each column of Criteo's day 0 (Criteo 1TB click logs),
+# rounded: I1..I13, then C1..C26. Workloads with more fields than Criteo's 26
+# cycle the categorical rates (field f takes the rate of C{f % 26 + 1}).
+CRITEO_NUMERIC_NULL_RATES = (0.45, 0.0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.0005, 0.04,
+                             0.45, 0.04, 0.77, 0.22)
+CRITEO_CATEGORICAL_NULL_RATES = (0.0, 0.0, 0.03, 0.03, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                                 0.0, 0.03, 0.0, 0.0, 0.0, 0.03, 0.0, 0.0, 0.44, 0.44,
+                                 0.03, 0.76, 0.0, 0.03, 0.44, 0.44)
+# Rows of one parquet file of `write_parquet`, in batches: one row group each
+# (pyarrow's writer puts up to 1M rows in a group), several files a run, as
+# a day of logs is cut into parts.
+BATCHES_PER_FILE = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +196,69 @@ def to_arrow(batches, workload):
     columns.update({f"C{f + 1}": pa.array(ids[:, f]) for f in range(workload.num_fields)})
     columns["label"] = pa.array(labels)
     return pa.table(columns)
+
+
+def null_rates(workload):
+    """Per-column null shares of `write_parquet`'s files.
+
+    Args:
+        workload: a `Workload`.
+
+    Returns:
+        `(numeric, categorical)`: float tuples of length 13 (`I1..I13`) and
+        `workload.num_fields` (`C1..CF`): Criteo's day-0 rates, the
+        categorical ones cycled past `C26`.
+    """
+    rates = CRITEO_CATEGORICAL_NULL_RATES
+    return (CRITEO_NUMERIC_NULL_RATES,
+            tuple(rates[field % len(rates)] for field in range(workload.num_fields)))
+
+
+def write_parquet(batches, workload, directory, warmup):
+    """Writes `batches` as parquet files with Criteo's share of nulls.
+
+    The rows are those of `to_arrow(batches, workload)`, with each value of
+    column `I{i}` or `C{f}` replaced by a null with that column's
+    `null_rates` probability (a fixed draw per workload and row count, so
+    every system of a run reads the same nulls). The first `warmup` batches
+    go to `directory/warmup/`, the others to `directory/timed/`, in files of
+    `BATCHES_PER_FILE` batches (`part-00000.parquet`, ...) written with
+    pyarrow's defaults, one row group per file.
+
+    Args:
+        batches: `make_batches` output, all of one size.
+        workload: the `Workload` they belong to.
+        directory: where to write (created if missing).
+        warmup: how many leading batches go to `warmup/` (at least 1).
+
+    Returns:
+        `(warmup_dir, timed_dir)`: the two directories written.
+    """
+    if not 0 < warmup < len(batches):
+        raise ValueError(f"warmup must be in [1, {len(batches) - 1}], got {warmup}")
+    table = to_arrow(batches, workload)
+    rng = np.random.default_rng([_NULL_SEED, zlib.crc32(workload.name.encode()),
+                                 table.num_rows])
+    numeric_rates, categorical_rates = null_rates(workload)
+    names = [f"I{i + 1}" for i in range(NUM_DENSE)] + [f"C{f + 1}"
+                                                        for f in range(workload.num_fields)]
+    columns = []
+    for name, rate in zip(names, numeric_rates + categorical_rates):
+        column = table.column(name).combine_chunks()
+        null = rng.random(table.num_rows) < rate
+        columns.append(pa.array(column.to_numpy(), mask=null) if null.any() else column)
+    columns.append(table.column("label"))
+    table = pa.table(columns, names=[*names, "label"])
+    batch_size = len(batches[0][2])
+    directories = []
+    for part, (start, stop) in (("warmup", (0, warmup)), ("timed", (warmup, len(batches)))):
+        os.makedirs(os.path.join(directory, part), exist_ok=True)
+        for index, first in enumerate(range(start, stop, BATCHES_PER_FILE)):
+            rows = table.slice(first * batch_size,
+                               (min(first + BATCHES_PER_FILE, stop) - first) * batch_size)
+            pq.write_table(rows, os.path.join(directory, part, f"part-{index:05d}.parquet"))
+        directories.append(os.path.join(directory, part))
+    return tuple(directories)
 
 
 def quickstart_model(table_options=None, metrics=()):

@@ -1,7 +1,9 @@
 """Smoke test of the throughput baselines and their dense-only floors: each
-runs 2 steps on small models; the floors' values are checked against each
-other and against plain torch."""
+configuration runs 2 steps on small models, from memory and from parquet
+files with nulls; the floors' values are checked against each other and
+against plain torch, the files' nulls against the rates asked for."""
 
+import dataclasses
 import math
 
 import keras
@@ -10,21 +12,81 @@ import pytest
 import torch
 
 import baselines
-from workloads import NUM_DENSE, WORKLOADS, make_batches, to_arrow
+import pyarrow.parquet as pq
+from conftest import SMALL
+from feeds import MemoryFeed, ParquetFeed
+from workloads import NUM_DENSE, WORKLOADS, make_batches, null_rates, to_arrow, write_parquet
 
 pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
+
+
+@pytest.fixture
+def parquet_dir(small_workload, tmp_path):
+    batches = make_batches(small_workload, batch_size=32, num_batches=3)
+    write_parquet(batches, small_workload, str(tmp_path), warmup=1)
+    return str(tmp_path)
 
 
 @pytest.mark.parametrize("floor", [False, True], ids=["model", "floor"])
 @pytest.mark.parametrize("system", sorted(baselines.BASELINES))
 def test_two_steps_give_throughput_and_finite_loss(system, small_workload, floor):
-    batches = make_batches(small_workload, batch_size=32, num_batches=2)
-    measurement = baselines.BASELINES[system](small_workload, batches, warmup=1,
-                                              floor=floor)
+    feed = MemoryFeed(make_batches(small_workload, batch_size=32, num_batches=2), warmup=1)
+    measurement = baselines.BASELINES[system](small_workload, feed, floor=floor)
     if measurement is None:
         pytest.skip(f"{system} is not installed (scripts/install_bench.sh)")
     assert measurement.examples_per_s > 0
     assert math.isfinite(measurement.loss)
+
+
+@pytest.mark.parametrize("system", sorted(baselines.BASELINES))
+def test_every_baseline_trains_from_parquet_files_with_nulls(system, small_workload,
+                                                             parquet_dir):
+    feed = ParquetFeed(parquet_dir, small_workload, batch_size=32)
+    measurement = baselines.BASELINES[system](small_workload, feed)
+    if measurement is None:
+        pytest.skip(f"{system} is not installed (scripts/install_bench.sh)")
+    assert measurement.examples_per_s > 0
+    assert math.isfinite(measurement.loss)
+
+
+def test_parquet_feed_fills_nulls_as_the_baselines_users_must(small_workload, tmp_path):
+    workload = small_workload
+    batches = make_batches(workload, batch_size=64, num_batches=3)
+    write_parquet(batches, workload, str(tmp_path), warmup=1)
+    feed = ParquetFeed(str(tmp_path), workload, batch_size=64)
+    assert feed.warmup_steps == 1
+    read = list(feed.warmup()) + list(feed.timed())
+    assert len(read) == 3
+    table = pq.read_table(tmp_path / "timed")          # the timed batches 1 and 2
+    for (dense, ids, labels), (want_dense, want_ids, want_labels) in zip(read, batches):
+        np.testing.assert_array_equal(labels, want_labels)
+        assert ids.shape == (workload.num_fields, 64) and dense.shape == (64, NUM_DENSE)
+        # A value is either the generated one or its null's fill.
+        vocabs = np.asarray(workload.vocabs)[:, None]
+        assert ((ids == want_ids.T) | (ids == vocabs)).all()
+        assert ((dense == want_dense) | (dense == 0)).all()
+    dense, ids, _ = read[2]
+    i1_null = table.column("I1").is_null().to_numpy(zero_copy_only=False)[64:]
+    np.testing.assert_array_equal(dense[:, 0] == 0, i1_null)
+    c22_null = table.column("C22").is_null().to_numpy(zero_copy_only=False)[64:] \
+        if workload.num_fields >= 22 else None
+    if c22_null is not None:
+        np.testing.assert_array_equal(ids[21] == workload.vocabs[21], c22_null)
+
+
+def test_files_have_criteo_null_rates_cycled_past_c26(tmp_path):
+    workload = dataclasses.replace(WORKLOADS["wide"], name="wide_nulls",
+                                   vocabs=(50,) * 30)
+    numeric, categorical = null_rates(workload)
+    assert numeric[0] == 0.45 and numeric[11] == 0.77 and numeric[1] == 0.0
+    assert categorical[21] == 0.76 and categorical[26:] == categorical[:4]
+    batches = make_batches(workload, batch_size=1000, num_batches=5)
+    write_parquet(batches, workload, str(tmp_path), warmup=1)
+    table = pq.read_table(tmp_path / "timed")
+    assert table.num_rows == 4000
+    for name, rate in [("I1", 0.45), ("I2", 0.0), ("I12", 0.77), ("C22", 0.76),
+                       ("C19", 0.44), ("C1", 0.0), ("C29", 0.03)]:
+        assert abs(table.column(name).null_count / 4000 - rate) < 0.03, name
 
 
 def _with_ids(batches, ids_of):
@@ -36,14 +98,14 @@ def test_torch_floor_trains_the_dense_network_on_constant_embeddings(small_workl
     dense network on the constant embeddings, and does not depend on the ids."""
     workload = small_workload
     batches = make_batches(workload, batch_size=32, num_batches=3)
-    floor = baselines.plain_pytorch(workload, batches, warmup=1, floor=True)
+    floor = baselines.plain_pytorch(workload, MemoryFeed(batches, 1), floor=True)
     other_ids = baselines.plain_pytorch(
-        workload, _with_ids(batches, lambda ids: np.zeros_like(ids)), warmup=1, floor=True)
+        workload, MemoryFeed(_with_ids(batches, np.zeros_like), 1), floor=True)
     assert floor.loss == other_ids.loss
 
     torch.manual_seed(0)        # the floor draws the constant, then the layers
     constant = torch.empty(workload.num_fields, workload.dim).uniform_(-0.05, 0.05)
-    dense_arch = baselines._DenseArch(workload)
+    dense_arch = baselines.DenseArch(workload)
     optimizer = torch.optim.Adagrad(dense_arch.parameters(), lr=baselines.LEARNING_RATE)
     losses = []
     for dense, _, labels in batches:
@@ -57,16 +119,58 @@ def test_torch_floor_trains_the_dense_network_on_constant_embeddings(small_workl
     assert floor.loss == pytest.approx(np.mean(losses[1:]), rel=1e-6)
 
 
-def test_torchrec_floor_equals_the_plain_pytorch_floor(small_workload):
+def test_dense_arch_takes_the_signed_log1p_of_the_numeric_features():
+    workload = SMALL["wide"]                        # concat: the top MLP reads it all
+    torch.manual_seed(0)
+    arch = baselines.DenseArch(workload)
+    dense = torch.tensor([[-3.0, 0.0, 2.5] + [1.0] * (NUM_DENSE - 3)])
+    embeddings = torch.rand(1, workload.num_fields, workload.dim)
+    logged = torch.tensor([[-math.log(4.0), 0.0, math.log(3.5)]
+                           + [math.log(2.0)] * (NUM_DENSE - 3)])
+    with torch.no_grad():
+        expected = arch.top(torch.cat([arch.bottom(logged), embeddings.flatten(1)], dim=1))
+        np.testing.assert_allclose(arch(dense, embeddings).numpy(),
+                                   expected.squeeze(1).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("source", ["memory", "parquet"])
+def test_torchrec_in_backward_equals_plain_pytorch_per_field(small_workload, parquet_dir,
+                                                             source):
+    """The same tables (one per field, the same initial rows), the same exact
+    Adagrad: TorchRec's plain collection with the optimizer in backward trains
+    the per-field model's losses, so the two systems train one model."""
+    workload = small_workload
+    if source == "memory":
+        feed = MemoryFeed(make_batches(workload, batch_size=32, num_batches=3), warmup=1)
+    else:
+        feed = ParquetFeed(parquet_dir, workload, batch_size=32)
+    torchrec = baselines.BASELINES["torchrec_ebc_in_backward"](workload, feed)
+    if torchrec is None:
+        pytest.skip("torchrec is not installed (scripts/install_bench.sh)")
+    plain = baselines.plain_pytorch(workload, feed)
+    assert torchrec.loss == pytest.approx(plain.loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("configuration", ["torchrec_tw_fused", "torchrec_ebc_fused"])
+def test_torchrec_floor_equals_the_plain_pytorch_floor(small_workload, configuration):
     """Same dense network, initial weights and Adagrad: DDP on one rank
     must not change the floor's losses."""
     workload = small_workload
-    batches = make_batches(workload, batch_size=32, num_batches=3)
-    torchrec = baselines.torchrec(workload, batches, warmup=1, floor=True)
+    feed = MemoryFeed(make_batches(workload, batch_size=32, num_batches=3), warmup=1)
+    torchrec = baselines.BASELINES[configuration](workload, feed, floor=True)
     if torchrec is None:
         pytest.skip("torchrec is not installed (scripts/install_bench.sh)")
-    plain = baselines.plain_pytorch(workload, batches, warmup=1, floor=True)
+    plain = baselines.plain_pytorch(workload, feed, floor=True)
     assert torchrec.loss == pytest.approx(plain.loss, rel=1e-6)
+
+
+def test_families_cover_every_baseline_configuration():
+    configurations = [system for family in baselines.FAMILIES.values() for system in family]
+    assert sorted(configurations) == sorted(baselines.BASELINES)
+    assert {"torchrec_dmp_default", "torchrec_tw_fused", "torchrec_dp",
+            "torchrec_ebc_fused"} <= set(baselines.FAMILIES["torchrec"])
+    assert baselines.FAMILIES["plain_pytorch"] == ["plain_pytorch_per_field",
+                                                   "plain_pytorch_concat"]
 
 
 @pytest.mark.parametrize("flatten", [False, True])
