@@ -14,8 +14,9 @@ Users and items are drawn by nearly flat Zipf laws over large vocabularies,
 so in the packaged train split most user and item ids are seen a handful of
 times (a median user id twice, a median item id three times; 92% of the
 user ids and 74% of the item ids at most five times) and a few popular ones
-thousands of times; cities and brands follow steeper Zipf laws. Profile columns are attributes of the user and item columns of
-the item, drawn once per user and per item.
+thousands of times; cities and brands follow steeper Zipf laws. Profile
+columns are attributes of the user and item columns of the item, drawn once
+per user and per item.
 
 The label comes from a hidden teacher with user x item interactions, a
 latent-factor model:

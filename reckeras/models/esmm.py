@@ -80,7 +80,7 @@ def check_tower_options(model: str, dropout: Any, norm: Any) -> tuple[float, str
     ```
     """
     if (not isinstance(dropout, numbers.Real) or isinstance(dropout, bool)
-            or not 0.0 <= dropout < 1.0):
+            or not 0.0 <= float(dropout) < 1.0):
         raise ValueError(f"{model}: dropout must be a rate in [0, 1), got {dropout!r}")
     if norm not in NORMS:
         raise ValueError(f"{model}: norm must be one of {NORMS}, got {norm!r}")

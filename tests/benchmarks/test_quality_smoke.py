@@ -63,5 +63,5 @@ def test_csv_dir_runs_the_protocol(tmp_path, monkeypatch, capsys):
 
 def test_csv_dir_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["quality.py", "--csv-dir", str(tmp_path)])
-    with pytest.raises(SystemExit, match="valid.csv"):
+    with pytest.raises(SystemExit, match=r"valid\.csv"):
         quality.main()
