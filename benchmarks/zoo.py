@@ -34,28 +34,28 @@ TOP_UNITS = (200, 80, 1)
 TASKS = {"ctr": "click", "ctcvr": "conversion"}   # output -> label column of aliccp_synth
 
 
-def taobao_columns(combiner):
+def taobao_columns(combiner, dim=DIM):
     """The features of `taobao_synth`; `combiner` pools the histories (None: not)."""
     return rk.layers.FeatureColumns([
         F.Numeric("hist_len", transform="log1p"),
-        F.Categorical("user_gender", dim=DIM),
-        F.Categorical("user_age", dim=DIM),
-        F.Categorical("user_city", dim=DIM),
-        F.Categorical("item", dim=DIM, table="item"),
-        F.Categorical("category", dim=DIM, table="category"),
-        F.Sequence("hist_items", dim=DIM, max_len=MAX_LEN, table="item",
+        F.Categorical("user_gender", dim=dim),
+        F.Categorical("user_age", dim=dim),
+        F.Categorical("user_city", dim=dim),
+        F.Categorical("item", dim=dim, table="item"),
+        F.Categorical("category", dim=dim, table="category"),
+        F.Sequence("hist_items", dim=dim, max_len=MAX_LEN, table="item",
                    combiner=combiner),
-        F.Sequence("hist_cats", dim=DIM, max_len=MAX_LEN, table="category",
+        F.Sequence("hist_cats", dim=dim, max_len=MAX_LEN, table="category",
                    combiner=combiner),
     ])
 
 
-def aliccp_columns():
+def aliccp_columns(dim=DIM):
     """The features of `aliccp_synth`: every id column, the two numerics."""
     return rk.layers.FeatureColumns(
         [F.Numeric("user_clicks_30d", transform="log1p"),
          F.Numeric("item_price", transform="log1p")]
-        + [F.Categorical(name, dim=DIM) for name in (
+        + [F.Categorical(name, dim=dim) for name in (
             "user_id", "user_gender", "user_age", "user_city_level", "user_occupation",
             "item_id", "item_category", "item_shop", "item_brand", "position", "hour")])
 

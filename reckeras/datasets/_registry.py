@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from reckeras.datasets import _synth, aliccp, criteo_stream, taobao
+from reckeras.datasets import _synth, aliccp, criteo_stream, longtail, taobao
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 
@@ -19,6 +19,7 @@ DATA_DIR = Path(__file__).parent / "data"
 _GENERATED = {
     taobao.NAME: (taobao.SPLIT_SEEDS, taobao.generate_taobao_synth),
     aliccp.NAME: (aliccp.SPLIT_SEEDS, aliccp.generate_aliccp_synth),
+    longtail.NAME: (longtail.SPLIT_SEEDS, longtail.generate_longtail_synth),
 }
 
 
@@ -31,7 +32,8 @@ def list() -> builtins.list[str]:  # noqa: A001 - the public name is rk.datasets
     Example:
 
     ```python
-    rk.datasets.list()   # ['aliccp_synth', 'criteo_synth', 'taobao_synth']
+    rk.datasets.list()
+    # ['aliccp_synth', 'criteo_synth', 'longtail_synth', 'taobao_synth']
     ```
     """
     return sorted([*_synth.SPECS, *_GENERATED])
@@ -67,7 +69,7 @@ def packaged_path(name: str, split: str) -> Path:
 
     Args:
         name: a dataset name, e.g. "criteo_synth".
-        split: "train" or "test".
+        split: "train" or "test" ("valid" too for "longtail_synth").
 
     Returns:
         The path `reckeras/datasets/data/<name>_<split>.parquet`.
@@ -88,7 +90,7 @@ def load(name: str, split: str = "train") -> Dataset:
 
     Args:
         name: one of `list()`, e.g. "criteo_synth".
-        split: "train" or "test".
+        split: "train" or "test" ("valid" too for "longtail_synth").
 
     Returns:
         A `Dataset` named "<name>:<split>".

@@ -10,6 +10,7 @@ import keras
 from reckeras.layers.mlp import MLP
 from reckeras.layers.transformer import TransformerBlock
 from reckeras.models.din import behaviour_features
+from reckeras.models.esmm import check_tower_options
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -20,7 +21,8 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
         num_blocks: int = 1, num_heads: int = 2, ff_dim: int | None = None,
         dropout: float = 0.1, learned_positions: bool = True, norm_first: bool = True,
         top_units: _Sequence[int] = (200, 80, 1), output_activation: Any = "sigmoid",
-        table_options: dict[str, Any] | None = None) -> Model:
+        table_options: dict[str, Any] | None = None,
+        norm: str | None = None) -> Model:
     """An uncompiled BST over `columns`.
 
     The target item is put in front of the user's behaviours, and the
@@ -41,20 +43,25 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
         num_heads: attention heads; must divide the width of a behaviour
             (the sum of the histories' dims).
         ff_dim: feed-forward width; 4 times the behaviour width by default.
-        dropout: dropout rate of the blocks.
+        dropout: dropout rate of the blocks and after each hidden layer of
+            the top MLP.
         learned_positions: add learned position embeddings (first block).
         norm_first: pre-LN blocks (BST uses post-LN, which trains slower
             here: 0.805 against 0.817 test AUC on `taobao_synth`).
         top_units: widths of the top MLP; the last is the output width.
         output_activation: activation of the last top layer.
         table_options: per-table options, passed to `ShardedEmbedding`.
+        norm: normalization of each hidden layer of the top MLP: `None`,
+            `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`; the blocks
+            have their own layer normalization).
 
     Returns:
         An `rk.Model`.
 
     Raises:
         ValueError: when `num_heads` does not divide the behaviour width,
-            or as `rk.models.din` for the histories.
+            for a dropout outside `[0, 1)` or an unknown norm, or as
+            `rk.models.din` for the histories.
 
     Example:
 
@@ -69,6 +76,7 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
     ```
     """
+    dropout, norm = check_tower_options("bst", dropout, norm)
     inputs, query, keys, mask, context = behaviour_features(
         columns, history, table_options, "bst")
     width = query.shape[-1]
@@ -86,5 +94,6 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
     weights = keras.ops.expand_dims(keras.ops.cast(sequence_mask, "float32"), 2)
     mean = keras.ops.sum(sequence, axis=1) / keras.ops.sum(weights, axis=1)
     features = keras.ops.concatenate([context, sequence[:, 0], mean], axis=1)
-    output = MLP(list(top_units), output_activation=output_activation)(features)
+    output = MLP(list(top_units), output_activation=output_activation, dropout=dropout,
+                 norm=norm)(features)
     return Model(inputs, output, name="bst")

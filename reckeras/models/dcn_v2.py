@@ -10,6 +10,7 @@ import keras
 from reckeras.layers.crossnet import CrossNet
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.models.esmm import check_tower_options
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ STRUCTURES = ("stacked", "parallel")
 def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None = None,
            deep_units: _Sequence[int] = (256, 128), structure: str = "stacked",
            output_activation: Any = "sigmoid",
-           table_options: dict[str, Any] | None = None) -> Model:
+           table_options: dict[str, Any] | None = None,
+           dropout: float = 0.0, norm: str | None = None) -> Model:
     """An uncompiled DCN-V2 over `columns`.
 
     The dense features and every pooled embedding are concatenated into
@@ -39,12 +41,16 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
         structure: `"stacked"` or `"parallel"`.
         output_activation: activation of the output layer.
         table_options: per-table options, passed to `ShardedEmbedding`.
+        dropout: dropout rate after each hidden layer of the deep MLP.
+        norm: normalization of each hidden layer of the deep MLP: `None`,
+            `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
 
     Returns:
         An `rk.Model`.
 
     Raises:
-        ValueError: for an unknown `structure`.
+        ValueError: for an unknown `structure`, a dropout outside
+            `[0, 1)` or an unknown norm.
 
     Example:
 
@@ -60,6 +66,7 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
     if structure not in STRUCTURES:
         raise ValueError(f"dcn_v2 structure must be one of {STRUCTURES}, got "
                          f"{structure!r}")
+    dropout, norm = check_tower_options("dcn_v2", dropout, norm)
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
     embedded = ShardedEmbedding(columns, output="concat",
@@ -67,10 +74,11 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
     x0 = keras.ops.concatenate([dense, embedded], axis=1)
     crossed = CrossNet(cross_layers, low_rank=low_rank)(x0)
     if structure == "stacked":
-        output = MLP([*deep_units, 1],
-                     output_activation=output_activation)(crossed)
+        output = MLP([*deep_units, 1], output_activation=output_activation,
+                     dropout=dropout, norm=norm)(crossed)
     else:
-        deep = MLP(list(deep_units), output_activation="relu")(x0)
+        deep = MLP(list(deep_units), output_activation="relu", dropout=dropout,
+                   norm=norm)(x0)
         joined = keras.ops.concatenate([crossed, deep], axis=1)
         output = MLP([1], output_activation=output_activation)(joined)
     return Model(inputs, output, name="dcn_v2")

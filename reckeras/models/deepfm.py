@@ -11,6 +11,7 @@ from reckeras.features.specs import FeatureSpec, deserialize, serialize
 from reckeras.layers.fm import FM
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.models.esmm import check_tower_options
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -30,7 +31,8 @@ def _first_order_specs(columns: FeatureColumns) -> list[FeatureSpec]:
 
 def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
            dropout: float = 0.0, output_activation: Any = "sigmoid",
-           table_options: dict[str, Any] | None = None) -> Model:
+           table_options: dict[str, Any] | None = None,
+           norm: str | None = None) -> Model:
     """An uncompiled DeepFM over `columns`.
 
     The logit is the sum of three terms sharing one input: a first-order
@@ -43,16 +45,19 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
         columns: a `rk.layers.FeatureColumns` whose sparse features are
             pooled and share one dim (the FM's factors).
         deep_units: widths of the deep MLP's hidden layers.
-        dropout: dropout rate of the deep MLP.
+        dropout: dropout rate after each hidden layer of the deep MLP.
         output_activation: activation applied to the summed logit.
         table_options: per-table options, passed to `ShardedEmbedding`
             (of the factor tables).
+        norm: normalization of each hidden layer of the deep MLP: `None`,
+            `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
 
     Returns:
         An `rk.Model`.
 
     Raises:
-        ValueError: when the sparse features have several dims.
+        ValueError: when the sparse features have several dims, for a
+            dropout outside `[0, 1)` or an unknown norm.
 
     Example:
 
@@ -65,6 +70,7 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
     ```
     """
+    dropout, norm = check_tower_options("deepfm", dropout, norm)
     dims = {spec.dim for spec in columns.sparse_specs}
     if len(dims) != 1:
         raise ValueError(f"deepfm needs sparse features of one dim (the FM's factor "
@@ -80,7 +86,7 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
         first_order = first_order + MLP([1])(dense)
     second_order = FM()(factors)
     flat = keras.ops.reshape(factors, (-1, factors.shape[1] * factors.shape[2]))
-    deep = MLP([*deep_units, 1], dropout=dropout)(
+    deep = MLP([*deep_units, 1], dropout=dropout, norm=norm)(
         keras.ops.concatenate([dense, flat], axis=1))
     output = keras.layers.Activation(output_activation)(
         first_order + second_order + deep)

@@ -11,6 +11,7 @@ from reckeras.features.specs import Categorical, Sequence
 from reckeras.layers.attention import TargetAttention
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.models.esmm import check_tower_options
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -155,7 +156,8 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
         attention_units: _Sequence[int] = (80, 40), attention_activation: Any = "relu",
         softmax: bool = False, top_units: _Sequence[int] = (200, 80, 1),
         output_activation: Any = "sigmoid",
-        table_options: dict[str, Any] | None = None) -> Model:
+        table_options: dict[str, Any] | None = None,
+        dropout: float = 0.0, norm: str | None = None) -> Model:
     """An uncompiled DIN over `columns`.
 
     The target item attends over the user's behaviours with DIN's activation
@@ -179,13 +181,17 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
         top_units: widths of the top MLP; the last is the output width.
         output_activation: activation of the last top layer.
         table_options: per-table options, passed to `ShardedEmbedding`.
+        dropout: dropout rate after each hidden layer of the top MLP.
+        norm: normalization of each hidden layer of the top MLP: `None`,
+            `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
 
     Returns:
         An `rk.Model`.
 
     Raises:
         ValueError: when the columns have no history or the histories do
-            not pair with targets (see `behaviour_pairs`).
+            not pair with targets (see `behaviour_pairs`), for a dropout
+            outside `[0, 1)` or an unknown norm.
 
     Example:
 
@@ -200,10 +206,12 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
     ```
     """
+    dropout, norm = check_tower_options("din", dropout, norm)
     inputs, query, keys, mask, context = behaviour_features(
         columns, history, table_options, "din")
     interest = TargetAttention(list(attention_units), activation=attention_activation,
                                softmax=softmax)([query, keys], mask=mask)
     features = keras.ops.concatenate([context, interest], axis=1)
-    output = MLP(list(top_units), output_activation=output_activation)(features)
+    output = MLP(list(top_units), output_activation=output_activation, dropout=dropout,
+                 norm=norm)(features)
     return Model(inputs, output, name="din")

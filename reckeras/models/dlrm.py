@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from reckeras.layers.interactions import DotInteraction
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.models.esmm import check_tower_options
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
          top_units: _Sequence[int] = (512, 256, 1), self_interaction: bool = False,
          output_activation: Any = "sigmoid",
-         table_options: dict[str, Any] | None = None) -> Model:
+         table_options: dict[str, Any] | None = None,
+         dropout: float = 0.0, norm: str | None = None) -> Model:
     """An uncompiled DLRM over `columns`.
 
     Dense features go through the bottom MLP, whose output joins the pooled
@@ -34,14 +36,18 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
         output_activation: activation of the last top layer.
         table_options: per-table admission/eviction options, passed to
             `ShardedEmbedding`.
+        dropout: dropout rate after each hidden layer of the bottom and
+            the top MLP.
+        norm: normalization of each hidden layer of the bottom and the top MLP: `None`,
+            `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
 
     Returns:
         An `rk.Model`.
 
     Raises:
         ValueError: when the columns have no Numeric feature, sparse
-            features of several dims, or a last bottom unit other than
-            their dim.
+            features of several dims, a last bottom unit other than
+            their dim, a dropout outside `[0, 1)` or an unknown norm.
 
     Example:
 
@@ -54,6 +60,7 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
     ```
     """
+    dropout, norm = check_tower_options("dlrm", dropout, norm)
     dims = {spec.dim for spec in columns.sparse_specs}
     if len(dims) != 1:
         raise ValueError(f"dlrm needs sparse features of one dim, got dims {sorted(dims)}")
@@ -65,7 +72,8 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
     embedded = ShardedEmbedding(columns, table_options=table_options)(sparse)
-    bottom = MLP(list(bottom_units))(dense)
+    bottom = MLP(list(bottom_units), dropout=dropout, norm=norm)(dense)
     interaction = DotInteraction(self_interaction=self_interaction)([bottom, embedded])
-    output = MLP(list(top_units), output_activation=output_activation)(interaction)
+    output = MLP(list(top_units), output_activation=output_activation, dropout=dropout,
+                 norm=norm)(interaction)
     return Model(inputs, output, name="dlrm")

@@ -52,6 +52,41 @@ def check_units(model: str, argument: str, units: Any,
     return [int(u) for u in units]
 
 
+NORMS = (None, "batch", "layer")
+
+
+def check_tower_options(model: str, dropout: Any, norm: Any) -> tuple[float, str | None]:
+    """The towers' `dropout` and `norm` of a zoo model, checked.
+
+    Args:
+        model: the model's name, for messages.
+        dropout: a rate in `[0, 1)`.
+        norm: `None`, `"batch"` or `"layer"` (`rk.layers.MLP`'s `norm`).
+
+    Returns:
+        `(dropout, norm)`, the rate as a float.
+
+    Raises:
+        ValueError: for a rate outside `[0, 1)` or another norm, naming the
+            model.
+
+    Example:
+
+    ```python
+    from reckeras.models.esmm import check_tower_options
+
+    check_tower_options("deepfm", 0.1, "batch")      # (0.1, 'batch')
+    # check_tower_options("deepfm", 0.1, "group") raises a ValueError.
+    ```
+    """
+    if (not isinstance(dropout, numbers.Real) or isinstance(dropout, bool)
+            or not 0.0 <= float(dropout) < 1.0):
+        raise ValueError(f"{model}: dropout must be a rate in [0, 1), got {dropout!r}")
+    if norm not in NORMS:
+        raise ValueError(f"{model}: norm must be one of {NORMS}, got {norm!r}")
+    return float(dropout), norm
+
+
 def shared_features(
         columns: FeatureColumns, table_options: dict[str, Any] | None, model: str,
         layer_names: _Sequence[str] = (),
@@ -118,7 +153,8 @@ def shared_features(
 
 def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
          dropout: float = 0.0,
-         table_options: dict[str, Any] | None = None) -> Model:
+         table_options: dict[str, Any] | None = None,
+         norm: str | None = None) -> Model:
     """An uncompiled ESMM over `columns`: pCTR and pCTCVR over all impressions.
 
     ESMM (Entire Space Multi-Task Model) estimates the conversion rate
@@ -149,13 +185,15 @@ def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
             `()` makes each tower a logistic regression.
         dropout: dropout rate after each hidden layer of the towers.
         table_options: per-table options, passed to `ShardedEmbedding`.
+        norm: normalization of each hidden layer of the towers: `None`,
+            `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
 
     Returns:
         An `rk.Model` with outputs `{"ctr": [B, 1], "ctcvr": [B, 1]}`.
 
     Raises:
         ValueError: for `tower_units` other than positive ints, a dropout
-            outside `[0, 1)`, unpooled Sequence features, no sparse
+            outside `[0, 1)`, an unknown norm, unpooled Sequence features, no sparse
             feature, or a feature named `"ctr"`, `"cvr"`, `"ctcvr"`,
             `"embedding"` or `"features"` (the model's layers).
 
@@ -177,14 +215,12 @@ def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
     ```
     """
     units = [*check_units("esmm", "tower_units", tower_units), 1]
-    if (not isinstance(dropout, numbers.Real) or isinstance(dropout, bool)
-            or not 0.0 <= dropout < 1.0):
-        raise ValueError(f"esmm: dropout must be a rate in [0, 1), got {dropout!r}")
+    dropout, norm = check_tower_options("esmm", dropout, norm)
     inputs, features = shared_features(columns, table_options, "esmm",
                                        layer_names=("ctr", "cvr", "ctcvr"))
-    ctr = MLP(units, output_activation="sigmoid", dropout=dropout,
+    ctr = MLP(units, output_activation="sigmoid", dropout=dropout, norm=norm,
               name="ctr")(features)
-    cvr = MLP(units, output_activation="sigmoid", dropout=dropout,
+    cvr = MLP(units, output_activation="sigmoid", dropout=dropout, norm=norm,
               name="cvr")(features)
     ctcvr = keras.layers.Multiply(name="ctcvr")([ctr, cvr])
     return Model(inputs, {"ctr": ctr, "ctcvr": ctcvr}, name="esmm")

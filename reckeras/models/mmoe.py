@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from reckeras.layers.mlp import MLP
-from reckeras.models.esmm import check_units, shared_features
+from reckeras.models.esmm import check_tower_options, check_units, shared_features
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -23,7 +23,8 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
          num_experts: int = 4, expert_units: _Sequence[int] = (128, 64),
          tower_units: _Sequence[int] = (32,), dropout: float = 0.0,
          output_activation: Any = "sigmoid",
-         table_options: dict[str, Any] | None = None) -> Model:
+         table_options: dict[str, Any] | None = None,
+         norm: str | None = None) -> Model:
     """An uncompiled MMoE over `columns`: one output per task.
 
     Multi-gate Mixture-of-Experts: `num_experts` expert MLPs read the
@@ -57,10 +58,14 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
         tower_units: hidden widths of each task's tower; each tower ends
             with one unit with `output_activation`. `()` makes each tower
             one unit over the mixture.
-        dropout: dropout rate after each hidden layer of the towers.
+        dropout: dropout rate after each hidden layer of the experts and
+            the towers.
         output_activation: activation of each tower's output unit
             (`"sigmoid"`: a probability per task).
         table_options: per-table options, passed to `ShardedEmbedding`.
+        norm: normalization of each hidden layer of the experts and the
+            towers: `None`, `"batch"` or `"layer"` (as `rk.layers.MLP`'s
+            `norm`).
 
     Returns:
         An `rk.Model` with outputs `{task: [B, 1]}`, in `tasks` order.
@@ -69,7 +74,7 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
         ValueError: for no task, task names that repeat, are not strings
             of the form above, or are taken by the other layers; a
             `num_experts` other than an int >= 2, widths other than
-            positive ints; a dropout outside `[0, 1)`; unpooled Sequence
+            positive ints; a dropout outside `[0, 1)`, an unknown norm; unpooled Sequence
             features, no sparse feature, or a feature named like a layer.
 
     Example:
@@ -107,9 +112,7 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
                          f"no gate: that is a shared-bottom model), got {num_experts!r}")
     expert_units = check_units("mmoe", "expert_units", expert_units, allow_empty=False)
     tower_units = [*check_units("mmoe", "tower_units", tower_units), 1]
-    if (not isinstance(dropout, numbers.Real) or isinstance(dropout, bool)
-            or not 0.0 <= dropout < 1.0):
-        raise ValueError(f"mmoe: dropout must be a rate in [0, 1), got {dropout!r}")
+    dropout, norm = check_tower_options("mmoe", dropout, norm)
     experts = [f"expert_{index}" for index in range(num_experts)]
     own = experts + ["expert_outputs", "experts"] + [
         f"{task}{suffix}" for task in tasks for suffix in ("_gate", "_mix")]
@@ -120,7 +123,8 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
     inputs, features = shared_features(columns, table_options, "mmoe",
                                        layer_names=own + list(tasks))
     width = expert_units[-1]
-    outputs = [MLP(expert_units, output_activation="relu", name=name)(features)
+    outputs = [MLP(expert_units, output_activation="relu", dropout=dropout, norm=norm,
+                   name=name)(features)
                for name in experts]
     stacked = keras.layers.Reshape((num_experts, width), name="experts")(
         keras.layers.Concatenate(axis=1, name="expert_outputs")(outputs))
@@ -130,5 +134,5 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
                                   name=f"{task}_gate")(features)
         mixture = keras.layers.Dot(axes=(1, 1), name=f"{task}_mix")([gate, stacked])
         results[task] = MLP(tower_units, output_activation=output_activation,
-                            dropout=dropout, name=task)(mixture)
+                            dropout=dropout, norm=norm, name=task)(mixture)
     return Model(inputs, results, name="mmoe")

@@ -141,3 +141,62 @@ def test_fused_call_equals_the_layer_stack(kwargs):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
     if kwargs.get("dropout"):          # dropout in training needs the stack
         assert not layer._can_fuse(x, training=True)
+
+
+def test_batch_norm_uses_moving_statistics_in_inference():
+    layer = MLP([6, 3], norm="batch")
+    x = _inputs(batch=16)
+    layer.build(x.shape)
+    dense, norm, _, out = layer._stack
+    rng = np.random.default_rng(1)
+    norm.set_weights([rng.normal(size=6), rng.normal(size=6),
+                      rng.normal(size=6), rng.uniform(0.5, 2.0, size=6)])
+    gamma, beta, mean, variance = norm.get_weights()
+    hidden = x @ _numpy(dense.kernel) + _numpy(dense.bias)
+    normalized = gamma * (hidden - mean) / np.sqrt(variance + norm.epsilon) + beta
+    expected = np.maximum(normalized, 0) @ _numpy(out.kernel) + _numpy(out.bias)
+    np.testing.assert_allclose(_numpy(layer(x, training=False)), expected,
+                               rtol=1e-5, atol=1e-5)
+    # Training normalizes with the batch's own statistics instead.
+    batch_normalized = gamma * (hidden - hidden.mean(0)) / np.sqrt(
+        hidden.var(0) + norm.epsilon) + beta
+    trained = np.maximum(batch_normalized, 0) @ _numpy(out.kernel) + _numpy(out.bias)
+    np.testing.assert_allclose(_numpy(layer(x, training=True)), trained,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_rk_model_fit_updates_the_moving_statistics():
+    import pyarrow as pa
+
+    import reckeras as rk
+
+    rng = np.random.default_rng(0)
+    table = pa.table({"price": rng.lognormal(0, 1, 256).astype("float32"),
+                      "user": rng.integers(0, 20, 256),
+                      "click": (rng.random(256) < 0.3).astype("float32")})
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("price", transform="log1p"),
+                                        rk.features.Categorical("user", dim=4)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    features = keras.ops.concatenate(
+        [dense, rk.layers.ShardedEmbedding(columns, output="concat")(sparse)], axis=1)
+    tower = MLP([8, 1], norm="batch", dropout=0.5, output_activation="sigmoid")
+    model = rk.Model(inputs, tower(features))
+    # (Near) zero learning rates: the one step, on one batch of every row,
+    # changes the moving statistics only, so the features after it are the
+    # ones the step normalized.
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.SGD(1e-12))
+    model.fit(table, labels="click", batch_size=256, epochs=1, verbose=0)
+    seen = rk.Model(inputs, features).predict(table, verbose=0)
+    dense_layer, norm = tower._stack[0], tower._stack[1]
+    hidden = seen @ _numpy(dense_layer.kernel) + _numpy(dense_layer.bias)
+    momentum = norm.momentum
+    np.testing.assert_allclose(_numpy(norm.moving_mean), (1 - momentum) * hidden.mean(0),
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(_numpy(norm.moving_variance),
+                               momentum + (1 - momentum) * hidden.var(0),
+                               rtol=1e-4, atol=1e-6)
+    # Inference is deterministic: no dropout, the moving statistics.
+    first = model.predict(table, verbose=0)
+    np.testing.assert_array_equal(model.predict(table, verbose=0), first)

@@ -51,6 +51,30 @@ MODELS = {
                                  top_units=(8, 1)),
     "bst": lambda: rk.models.bst(columns(None), num_heads=2, ff_dim=8,
                                  top_units=(8, 1)),
+    # Batch normalization's moving statistics and dropout round-trip too.
+    "deepfm_batch_norm": lambda: rk.models.deepfm(columns("mean"), deep_units=(8, 8),
+                                                  dropout=0.2, norm="batch"),
+    "dlrm_batch_norm": lambda: rk.models.dlrm(columns("sum"), bottom_units=(8, 4),
+                                              top_units=(8, 1), dropout=0.1,
+                                              norm="batch"),
+}
+
+# Every zoo model with towers of hidden layers, built with tower options.
+TOWER_MODELS = {
+    "dlrm": lambda **towers: rk.models.dlrm(columns("sum"), bottom_units=(8, 4),
+                                            top_units=(8, 1), **towers),
+    "dcn_v2": lambda **towers: rk.models.dcn_v2(columns("sum"), deep_units=(8, 8),
+                                                **towers),
+    "dcn_v2_parallel": lambda **towers: rk.models.dcn_v2(
+        columns("sum"), deep_units=(8, 8), structure="parallel", **towers),
+    "deepfm": lambda **towers: rk.models.deepfm(columns("mean"), deep_units=(8,),
+                                                **towers),
+    "din": lambda **towers: rk.models.din(columns(None), top_units=(8, 1), **towers),
+    "bst": lambda **towers: rk.models.bst(columns(None), num_heads=2, top_units=(8, 1),
+                                          **towers),
+    "esmm": lambda **towers: rk.models.esmm(columns("mean"), tower_units=(8,), **towers),
+    "mmoe": lambda **towers: rk.models.mmoe(columns("mean"), expert_units=(8, 8),
+                                            tower_units=(4,), **towers),
 }
 
 
@@ -111,3 +135,33 @@ def test_pooled_models_check_their_columns():
             F.Categorical("a", dim=4), F.Categorical("b", dim=8)]))
     with pytest.raises(ValueError, match="unpooled sequence features"):
         rk.models.dcn_v2(columns(None))
+
+
+@pytest.mark.parametrize("name", TOWER_MODELS)
+def test_tower_options_reach_every_hidden_layer_of_the_towers(name):
+    model = TOWER_MODELS[name](dropout=0.25, norm="batch")
+    towers = [layer for layer in model.layers if isinstance(layer, rk.layers.MLP)
+              and len(layer.units) > 1]
+    assert towers
+    for tower in towers:
+        assert (tower.dropout, tower.norm) == (0.25, "batch")
+        hidden = len(tower.units) - 1
+        kinds = [type(layer).__name__ for layer in tower._stack]
+        assert kinds.count("BatchNormalization") == hidden
+        assert kinds.count("Dropout") == hidden
+    plain = TOWER_MODELS[name]()
+    for tower in plain.layers:
+        if isinstance(tower, rk.layers.MLP):
+            assert tower.norm is None
+            assert tower.dropout == (0.1 if name == "bst" else 0.0)
+
+
+@pytest.mark.parametrize("name", TOWER_MODELS)
+def test_tower_options_are_checked_naming_the_model(name):
+    model = name.split("_parallel")[0]
+    for bad in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError,
+                           match=rf"{model}: dropout must be a rate in \[0, 1\)"):
+            TOWER_MODELS[name](dropout=bad)
+    with pytest.raises(ValueError, match=rf"{model}: norm must be one of"):
+        TOWER_MODELS[name](norm="group")

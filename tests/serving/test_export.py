@@ -62,6 +62,13 @@ ZOO = {
     "esmm": lambda: rk.models.esmm(columns("mean"), tower_units=(16,)),
     "mmoe": lambda: rk.models.mmoe(columns("mean"), tasks=("ctr", "ctcvr"), num_experts=2,
                                    expert_units=(16,), tower_units=(8,)),
+    # Towers with normalization and dropout: the program holds the moving
+    # statistics and no dropout, as model.predict runs them.
+    "deepfm_batch_norm": lambda: rk.models.deepfm(columns("mean"), deep_units=(16, 8),
+                                                  dropout=0.2, norm="batch"),
+    "dcn_v2_layer_norm": lambda: rk.models.dcn_v2(columns("sum"), cross_layers=1,
+                                                  deep_units=(16, 8), dropout=0.1,
+                                                  norm="layer"),
 }
 LABELS = {"esmm": {"ctr": "click", "ctcvr": "conversion"},
           "mmoe": {"ctr": "click", "ctcvr": "conversion"}}
