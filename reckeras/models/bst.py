@@ -10,7 +10,7 @@ import keras
 from reckeras.layers.mlp import MLP
 from reckeras.layers.transformer import TransformerBlock
 from reckeras.models.din import behaviour_features
-from reckeras.models.esmm import check_tower_options
+from reckeras.models.esmm import check_tower_options, embedding_regularizer
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
         dropout: float = 0.1, learned_positions: bool = True, norm_first: bool = True,
         top_units: _Sequence[int] = (200, 80, 1), output_activation: Any = "sigmoid",
         table_options: dict[str, Any] | None = None,
-        norm: str | None = None) -> Model:
+        norm: str | None = None, embedding_l2: float = 0.0) -> Model:
     """An uncompiled BST over `columns`.
 
     The target item is put in front of the user's behaviours, and the
@@ -54,6 +54,10 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
         norm: normalization of each hidden layer of the top MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`; the blocks
             have their own layer normalization).
+        embedding_l2: the L2 factor of an embedding regularizer on every
+            table (`keras.regularizers.L2(embedding_l2)` as the
+            `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
+            batch looks up, docs/regularization.md); 0 adds none.
 
     Returns:
         An `rk.Model`.
@@ -78,7 +82,8 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
     """
     dropout, norm = check_tower_options("bst", dropout, norm)
     inputs, query, keys, mask, context = behaviour_features(
-        columns, history, table_options, "bst")
+        columns, history, table_options, "bst",
+        embeddings_regularizer=embedding_regularizer("bst", embedding_l2))
     width = query.shape[-1]
     if width % num_heads:
         raise ValueError(f"bst: num_heads={num_heads} must divide the width of a "

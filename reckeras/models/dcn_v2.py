@@ -10,7 +10,7 @@ import keras
 from reckeras.layers.crossnet import CrossNet
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
-from reckeras.models.esmm import check_tower_options
+from reckeras.models.esmm import check_tower_options, embedding_regularizer
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -23,7 +23,8 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
            deep_units: _Sequence[int] = (256, 128), structure: str = "stacked",
            output_activation: Any = "sigmoid",
            table_options: dict[str, Any] | None = None,
-           dropout: float = 0.0, norm: str | None = None) -> Model:
+           dropout: float = 0.0, norm: str | None = None,
+           embedding_l2: float = 0.0) -> Model:
     """An uncompiled DCN-V2 over `columns`.
 
     The dense features and every pooled embedding are concatenated into
@@ -44,6 +45,10 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
         dropout: dropout rate after each hidden layer of the deep MLP.
         norm: normalization of each hidden layer of the deep MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
+        embedding_l2: the L2 factor of an embedding regularizer on every
+            table (`keras.regularizers.L2(embedding_l2)` as the
+            `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
+            batch looks up, docs/regularization.md); 0 adds none.
 
     Returns:
         An `rk.Model`.
@@ -70,7 +75,9 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
     embedded = ShardedEmbedding(columns, output="concat",
-                                table_options=table_options)(sparse)
+                                table_options=table_options,
+                                embeddings_regularizer=embedding_regularizer(
+                                    "dcn_v2", embedding_l2))(sparse)
     x0 = keras.ops.concatenate([dense, embedded], axis=1)
     crossed = CrossNet(cross_layers, low_rank=low_rank)(x0)
     if structure == "stacked":

@@ -11,7 +11,7 @@ from reckeras.features.specs import FeatureSpec, deserialize, serialize
 from reckeras.layers.fm import FM
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
-from reckeras.models.esmm import check_tower_options
+from reckeras.models.esmm import check_tower_options, embedding_regularizer
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def _first_order_specs(columns: FeatureColumns) -> list[FeatureSpec]:
 def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
            dropout: float = 0.0, output_activation: Any = "sigmoid",
            table_options: dict[str, Any] | None = None,
-           norm: str | None = None) -> Model:
+           norm: str | None = None, embedding_l2: float = 0.0) -> Model:
     """An uncompiled DeepFM over `columns`.
 
     The logit is the sum of three terms sharing one input: a first-order
@@ -51,6 +51,10 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
             (of the factor tables).
         norm: normalization of each hidden layer of the deep MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
+        embedding_l2: the L2 factor of an embedding regularizer on every
+            table, the first-order weights' included (`keras.regularizers.L2(embedding_l2)` as the
+            `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
+            batch looks up, docs/regularization.md); 0 adds none.
 
     Returns:
         An `rk.Model`.
@@ -77,10 +81,12 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
                          f"size), got dims {sorted(dims)}")
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
-    factors = ShardedEmbedding(columns, table_options=table_options)(sparse)
+    regularizer = embedding_regularizer("deepfm", embedding_l2)
+    factors = ShardedEmbedding(columns, table_options=table_options,
+                               embeddings_regularizer=regularizer)(sparse)
     # Small initial weights: dim-1 rows would start at +-1 each by default.
     weights = ShardedEmbedding(_first_order_specs(columns), output="concat",
-                               init_scale=0.01)(sparse)
+                               init_scale=0.01, embeddings_regularizer=regularizer)(sparse)
     first_order = keras.ops.sum(weights, axis=1, keepdims=True)
     if columns.plan.numeric:
         first_order = first_order + MLP([1])(dense)

@@ -11,7 +11,7 @@ from reckeras.features.specs import Categorical, Sequence
 from reckeras.layers.attention import TargetAttention
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
-from reckeras.models.esmm import check_tower_options
+from reckeras.models.esmm import check_tower_options, embedding_regularizer
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ def behaviour_pairs(columns: FeatureColumns, history: dict[str, str] | None,
 def behaviour_features(
         columns: FeatureColumns, history: dict[str, str] | None,
         table_options: dict[str, Any] | None, model: str,
+        embeddings_regularizer: keras.regularizers.Regularizer | None = None,
 ) -> tuple[dict[str, keras.KerasTensor], keras.KerasTensor, keras.KerasTensor,
            keras.KerasTensor, keras.KerasTensor]:
     """What DIN and BST share: their inputs, the target and history tensors.
@@ -111,6 +112,7 @@ def behaviour_features(
         history: as for `behaviour_pairs`.
         table_options: per-table options, passed to `ShardedEmbedding`.
         model: the model's name, for messages.
+        embeddings_regularizer: the `ShardedEmbedding`'s, or None.
 
     Returns:
         `(inputs, query [B, Dq], keys [B, L, Dq], mask [B, L],
@@ -135,8 +137,8 @@ def behaviour_features(
     pairs = behaviour_pairs(columns, history, model)
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
-    embedded = ShardedEmbedding(columns, output="dict",
-                                table_options=table_options)(sparse)
+    embedded = ShardedEmbedding(columns, output="dict", table_options=table_options,
+                                embeddings_regularizer=embeddings_regularizer)(sparse)
 
     def joined(tensors: list[keras.KerasTensor], axis: int) -> keras.KerasTensor:
         return tensors[0] if len(tensors) == 1 else \
@@ -157,7 +159,8 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
         softmax: bool = False, top_units: _Sequence[int] = (200, 80, 1),
         output_activation: Any = "sigmoid",
         table_options: dict[str, Any] | None = None,
-        dropout: float = 0.0, norm: str | None = None) -> Model:
+        dropout: float = 0.0, norm: str | None = None,
+        embedding_l2: float = 0.0) -> Model:
     """An uncompiled DIN over `columns`.
 
     The target item attends over the user's behaviours with DIN's activation
@@ -184,6 +187,10 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
         dropout: dropout rate after each hidden layer of the top MLP.
         norm: normalization of each hidden layer of the top MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
+        embedding_l2: the L2 factor of an embedding regularizer on every
+            table (`keras.regularizers.L2(embedding_l2)` as the
+            `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
+            batch looks up, docs/regularization.md); 0 adds none.
 
     Returns:
         An `rk.Model`.
@@ -208,7 +215,8 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
     """
     dropout, norm = check_tower_options("din", dropout, norm)
     inputs, query, keys, mask, context = behaviour_features(
-        columns, history, table_options, "din")
+        columns, history, table_options, "din",
+        embeddings_regularizer=embedding_regularizer("din", embedding_l2))
     interest = TargetAttention(list(attention_units), activation=attention_activation,
                                softmax=softmax)([query, keys], mask=mask)
     features = keras.ops.concatenate([context, interest], axis=1)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from reckeras.layers.interactions import DotInteraction
 from reckeras.layers.mlp import MLP
 from reckeras.layers.sharded_embedding import ShardedEmbedding
-from reckeras.models.esmm import check_tower_options
+from reckeras.models.esmm import check_tower_options, embedding_regularizer
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -19,7 +19,8 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
          top_units: _Sequence[int] = (512, 256, 1), self_interaction: bool = False,
          output_activation: Any = "sigmoid",
          table_options: dict[str, Any] | None = None,
-         dropout: float = 0.0, norm: str | None = None) -> Model:
+         dropout: float = 0.0, norm: str | None = None,
+         embedding_l2: float = 0.0) -> Model:
     """An uncompiled DLRM over `columns`.
 
     Dense features go through the bottom MLP, whose output joins the pooled
@@ -40,6 +41,10 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
             the top MLP.
         norm: normalization of each hidden layer of the bottom and the top MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
+        embedding_l2: the L2 factor of an embedding regularizer on every
+            table (`keras.regularizers.L2(embedding_l2)` as the
+            `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
+            batch looks up, docs/regularization.md); 0 adds none.
 
     Returns:
         An `rk.Model`.
@@ -71,7 +76,9 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
                          f"embedding dim ({next(iter(dims))})")
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
-    embedded = ShardedEmbedding(columns, table_options=table_options)(sparse)
+    embedded = ShardedEmbedding(
+        columns, table_options=table_options,
+        embeddings_regularizer=embedding_regularizer("dlrm", embedding_l2))(sparse)
     bottom = MLP(list(bottom_units), dropout=dropout, norm=norm)(dense)
     interaction = DotInteraction(self_interaction=self_interaction)([bottom, embedded])
     output = MLP(list(top_units), output_activation=output_activation, dropout=dropout,

@@ -87,9 +87,40 @@ def check_tower_options(model: str, dropout: Any, norm: Any) -> tuple[float, str
     return float(dropout), norm
 
 
+def embedding_regularizer(model: str, embedding_l2: Any) -> keras.regularizers.L2 | None:
+    """The tables' regularizer of a zoo model's `embedding_l2`, checked.
+
+    Args:
+        model: the model's name, for messages.
+        embedding_l2: a finite number >= 0; 0 means no regularizer.
+
+    Returns:
+        `keras.regularizers.L2(embedding_l2)`, or None for 0.
+
+    Raises:
+        ValueError: for a negative, non-finite or non-numeric factor,
+            naming the model.
+
+    Example:
+
+    ```python
+    from reckeras.models.esmm import embedding_regularizer
+
+    embedding_regularizer("deepfm", 0.05)     # keras.regularizers.L2(0.05)
+    embedding_regularizer("deepfm", 0.0)      # None
+    ```
+    """
+    if (not isinstance(embedding_l2, numbers.Real) or isinstance(embedding_l2, bool)
+            or not 0.0 <= float(embedding_l2) < float("inf")):
+        raise ValueError(f"{model}: embedding_l2 must be a finite number >= 0, "
+                         f"got {embedding_l2!r}")
+    return keras.regularizers.L2(float(embedding_l2)) if embedding_l2 else None
+
+
 def shared_features(
         columns: FeatureColumns, table_options: dict[str, Any] | None, model: str,
         layer_names: _Sequence[str] = (),
+        embeddings_regularizer: keras.regularizers.Regularizer | None = None,
 ) -> tuple[dict[str, keras.KerasTensor], keras.KerasTensor]:
     """The inputs and the shared representation of a multi-task model.
 
@@ -108,6 +139,7 @@ def shared_features(
         layer_names: the names of the model's other layers (its towers,
             ...), which no feature may take: Keras names a model's inputs
             after the features, and a model's layers need distinct names.
+        embeddings_regularizer: the `ShardedEmbedding`'s, or None.
 
     Returns:
         `(inputs, features [B, dense width + sum of dims])`.
@@ -144,7 +176,8 @@ def shared_features(
                          f"model; rename them")
     dense, sparse = columns(inputs)
     embedded = ShardedEmbedding(columns, output="concat", name="embedding",
-                                table_options=table_options)(sparse)
+                                table_options=table_options,
+                                embeddings_regularizer=embeddings_regularizer)(sparse)
     if not columns.plan.numeric:
         return inputs, embedded
     features = keras.layers.Concatenate(axis=1, name="features")([dense, embedded])
@@ -154,7 +187,7 @@ def shared_features(
 def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
          dropout: float = 0.0,
          table_options: dict[str, Any] | None = None,
-         norm: str | None = None) -> Model:
+         norm: str | None = None, embedding_l2: float = 0.0) -> Model:
     """An uncompiled ESMM over `columns`: pCTR and pCTCVR over all impressions.
 
     ESMM (Entire Space Multi-Task Model) estimates the conversion rate
@@ -187,6 +220,10 @@ def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
         table_options: per-table options, passed to `ShardedEmbedding`.
         norm: normalization of each hidden layer of the towers: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
+        embedding_l2: the L2 factor of an embedding regularizer on every
+            table (`keras.regularizers.L2(embedding_l2)` as the
+            `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
+            batch looks up, docs/regularization.md); 0 adds none.
 
     Returns:
         An `rk.Model` with outputs `{"ctr": [B, 1], "ctcvr": [B, 1]}`.
@@ -216,8 +253,9 @@ def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
     """
     units = [*check_units("esmm", "tower_units", tower_units), 1]
     dropout, norm = check_tower_options("esmm", dropout, norm)
-    inputs, features = shared_features(columns, table_options, "esmm",
-                                       layer_names=("ctr", "cvr", "ctcvr"))
+    inputs, features = shared_features(
+        columns, table_options, "esmm", layer_names=("ctr", "cvr", "ctcvr"),
+        embeddings_regularizer=embedding_regularizer("esmm", embedding_l2))
     ctr = MLP(units, output_activation="sigmoid", dropout=dropout, norm=norm,
               name="ctr")(features)
     cvr = MLP(units, output_activation="sigmoid", dropout=dropout, norm=norm,

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from reckeras.layers.mlp import MLP
-from reckeras.models.esmm import check_tower_options, check_units, shared_features
+from reckeras.models.esmm import (
+    check_tower_options,
+    check_units,
+    embedding_regularizer,
+    shared_features,
+)
 from reckeras.pipeline.model import Model
 
 if TYPE_CHECKING:
@@ -24,7 +29,7 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
          tower_units: _Sequence[int] = (32,), dropout: float = 0.0,
          output_activation: Any = "sigmoid",
          table_options: dict[str, Any] | None = None,
-         norm: str | None = None) -> Model:
+         norm: str | None = None, embedding_l2: float = 0.0) -> Model:
     """An uncompiled MMoE over `columns`: one output per task.
 
     Multi-gate Mixture-of-Experts: `num_experts` expert MLPs read the
@@ -66,6 +71,10 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
         norm: normalization of each hidden layer of the experts and the
             towers: `None`, `"batch"` or `"layer"` (as `rk.layers.MLP`'s
             `norm`).
+        embedding_l2: the L2 factor of an embedding regularizer on every
+            table (`keras.regularizers.L2(embedding_l2)` as the
+            `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
+            batch looks up, docs/regularization.md); 0 adds none.
 
     Returns:
         An `rk.Model` with outputs `{task: [B, 1]}`, in `tasks` order.
@@ -120,8 +129,9 @@ def mmoe(columns: FeatureColumns, tasks: _Sequence[str] = ("ctr", "cvr"),
     if taken:
         raise ValueError(f"mmoe: task names {taken} are names of other layers of the "
                          f"model; rename the tasks")
-    inputs, features = shared_features(columns, table_options, "mmoe",
-                                       layer_names=own + list(tasks))
+    inputs, features = shared_features(
+        columns, table_options, "mmoe", layer_names=own + list(tasks),
+        embeddings_regularizer=embedding_regularizer("mmoe", embedding_l2))
     width = expert_units[-1]
     outputs = [MLP(expert_units, output_activation="relu", dropout=dropout, norm=norm,
                    name=name)(features)

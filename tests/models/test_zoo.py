@@ -165,3 +165,36 @@ def test_tower_options_are_checked_naming_the_model(name):
             TOWER_MODELS[name](dropout=bad)
     with pytest.raises(ValueError, match=rf"{model}: norm must be one of"):
         TOWER_MODELS[name](norm="group")
+
+
+@pytest.mark.parametrize("name", TOWER_MODELS)
+def test_embedding_l2_regularizes_every_table_of_the_model(name):
+    model = TOWER_MODELS[name](embedding_l2=0.05)
+    assert model.embedding_layers
+    for layer in model.embedding_layers:
+        assert isinstance(layer.embeddings_regularizer, keras.regularizers.L2)
+        assert layer.embeddings_regularizer.l2 == pytest.approx(0.05)
+    for layer in TOWER_MODELS[name]().embedding_layers:
+        assert layer.embeddings_regularizer is None
+
+
+@pytest.mark.parametrize("name", TOWER_MODELS)
+def test_embedding_l2_is_checked_naming_the_model(name):
+    model = name.split("_parallel")[0]
+    for bad in (-0.1, float("inf"), float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match=rf"{model}: embedding_l2 must be a finite"):
+            TOWER_MODELS[name](embedding_l2=bad)
+
+
+def test_embedding_l2_counts_in_the_loss():
+    data = behaviour_table(rows=300)
+    losses = {}
+    for l2 in (0.0, 0.5):
+        keras.utils.set_random_seed(0)
+        model = TOWER_MODELS["dlrm"](embedding_l2=l2)
+        model.compile(optimizer="adam", loss="binary_crossentropy",
+                      embedding_optimizer=rk.optimizers.SGD(0.1))
+        # One step: its loss is the forward's, on the rows it creates.
+        losses[l2] = model.fit(data, batch_size=300, verbose=0).history["loss"][0]
+    # The same weights and rows; the penalty of the rows looked up is added.
+    assert losses[0.5] > losses[0.0] > 0
