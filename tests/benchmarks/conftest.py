@@ -24,6 +24,12 @@ SMALL = {
 }
 
 
+@pytest.fixture
+def small_wide():
+    """The small `Workload` with the structure of `wide` (concat interaction)."""
+    return SMALL["wide"]
+
+
 @pytest.fixture(params=sorted(SMALL))
 def small_workload(request):
     """A small `Workload` with the structure of `dlrm`, then of `wide`."""

@@ -13,7 +13,6 @@ import torch
 
 import baselines
 import pyarrow.parquet as pq
-from conftest import SMALL
 from feeds import MemoryFeed, ParquetFeed
 from workloads import NUM_DENSE, WORKLOADS, make_batches, null_rates, to_arrow, write_parquet
 
@@ -119,8 +118,8 @@ def test_torch_floor_trains_the_dense_network_on_constant_embeddings(small_workl
     assert floor.loss == pytest.approx(np.mean(losses[1:]), rel=1e-6)
 
 
-def test_dense_arch_takes_the_signed_log1p_of_the_numeric_features():
-    workload = SMALL["wide"]                        # concat: the top MLP reads it all
+def test_dense_arch_takes_the_signed_log1p_of_the_numeric_features(small_wide):
+    workload = small_wide                           # concat: the top MLP reads it all
     torch.manual_seed(0)
     arch = baselines.DenseArch(workload)
     dense = torch.tensor([[-3.0, 0.0, 2.5] + [1.0] * (NUM_DENSE - 3)])
