@@ -4,8 +4,9 @@ A change that moves code around (a refactor, a new seam) should not cost
 speed. This benchmark checks out `--base` (any git revision) into a
 temporary worktree and measures `rk.Model.fit` there and in this working
 tree, in interleaved pairs: base, then head, `--pairs` times, each
-measurement in a fresh process running that tree's own
-`benchmarks/throughput.py --one WORKLOAD reckeras` with that tree first on
+measurement in a fresh process running this tree's
+`benchmarks/throughput.py --one WORKLOAD reckeras` (one harness, so one
+model and one data) with the measured tree's reckeras first on
 `PYTHONPATH`. One figure moves by about 20% between runs on a shared
 2-core machine, so only the per-pair ratios head / base are compared: their
 median, with their min and max.
@@ -28,10 +29,10 @@ HEAD = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def rate_of(tree, workload, steps):
-    """examples/s of reckeras on `workload`, measured by `tree`'s own harness.
+    """examples/s of `tree`'s reckeras on `workload`, by this tree's harness.
 
     Args:
-        tree: the root of a reckeras checkout.
+        tree: the root of the reckeras checkout to measure.
         workload: a workload name of `benchmarks/workloads.py`.
         steps: timed steps (None: the harness's default).
 
@@ -41,7 +42,7 @@ def rate_of(tree, workload, steps):
     Raises:
         RuntimeError: when the measurement failed, with its stderr.
     """
-    command = [sys.executable, os.path.join(tree, "benchmarks", "throughput.py"),
+    command = [sys.executable, os.path.join(HEAD, "benchmarks", "throughput.py"),
                "--one", workload, "reckeras"]
     if steps:
         command += ["--steps", str(steps)]
