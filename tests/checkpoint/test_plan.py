@@ -6,10 +6,10 @@ import keras
 import numpy as np
 import pyarrow as pa
 import pytest
-import torch
 
 import reckeras as rk
 from reckeras.checkpoint import CheckpointError
+from reckeras.features.encode import as_tensors
 
 SAVED = {"a": ("a", 8), "b": ("old_b", 8), "c": ("c", 4)}
 CHANGED = {"a": ("a", 8), "b": ("new_b", 8), "e": ("e", 4)}
@@ -49,7 +49,7 @@ def embeddings(model, table):
                    if isinstance(layer, rk.layers.FeatureColumns))
     encoded = columns.encode({name: table[name].to_numpy() for name in table.column_names
                               if name != "label"})
-    _, sparse = columns.pack({name: torch.as_tensor(v) for name, v in encoded.items()})
+    _, sparse = columns.pack(as_tensors(encoded))
     flat = model.embedding_layers[0](sparse, training=False).detach().numpy()
     out, start = {}, 0
     for spec in columns.sparse_specs:

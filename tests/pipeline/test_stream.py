@@ -6,8 +6,8 @@ import runpy
 import typing
 
 import pytest
-import torch
 
+from reckeras.features.encode import as_tensors
 from reckeras.features.plan import TransformPlan
 from reckeras.pipeline import stream
 from test_fit_cached import SMALL, build, synthetic
@@ -42,8 +42,7 @@ def test_each_batch_is_packed_once_with_a_cache_prefetch_stage(pack_calls, pipel
 def test_a_direct_call_still_packs(pack_calls):
     model = build()
     data = synthetic(64)
-    tensors = {name: torch.as_tensor(value)
-               for name, value in model.feature_columns.encode(data).items()}
+    tensors = as_tensors(model.feature_columns.encode(data))
     model(tensors)
     assert pack_calls == [64]
 
