@@ -84,7 +84,9 @@ def _gather(obj: Any) -> list[Any]:
 def _as_cpu_float64(values: Any) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.detach().to(device="cpu", dtype=torch.float64)
-    return torch.as_tensor(np.asarray(values), dtype=torch.float64)
+    array = np.asarray(values, dtype=np.float64)
+    # A read-only array (e.g. arrow's memory) is copied: torch wants writable memory.
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
