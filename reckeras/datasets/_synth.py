@@ -299,6 +299,50 @@ def numeric_term(spec: _SyntheticSpec, columns: dict[str, Any],
     return term
 
 
+def zipf_cdf(size: int, exponent: float) -> np.ndarray:
+    """The running sum of Zipf probabilities over `size` ranks.
+
+    Args:
+        size: the number of ranks.
+        exponent: the Zipf exponent (rank r has weight `(r + 1) ** -exponent`).
+
+    Returns:
+        float64 `[size]`, increasing to 1.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import zipf_cdf
+
+    zipf_cdf(3, 1.0)     # [0.545..., 0.818..., 1.0]
+    ```
+    """
+    weights = (np.arange(size) + 1.0) ** -exponent
+    return np.cumsum(weights / weights.sum())
+
+
+def draw(cdf: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` ranks drawn from the distribution whose running sum is `cdf`.
+
+    Args:
+        cdf: running sum of the ranks' probabilities (e.g. `zipf_cdf`).
+        count: how many ranks to draw.
+        rng: the generator to draw from.
+
+    Returns:
+        int64 `[count]` ranks in `[0, len(cdf))`.
+
+    Example:
+
+    ```python
+    from reckeras.datasets._synth import draw, zipf_cdf
+
+    draw(zipf_cdf(100, 1.1), 5, np.random.default_rng(0))
+    ```
+    """
+    return np.searchsorted(cdf, rng.random(count), side="right").clip(max=len(cdf) - 1)
+
+
 def draw_ranks(cdf: np.ndarray, col: _Categorical, rng: np.random.Generator,
                num_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Draws the popularity ranks of a categorical column, and its nulls.

@@ -71,7 +71,7 @@ import pyarrow as pa
 
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
-from reckeras.datasets._synth import CHUNK_ROWS, chunks, table_of, write_tables
+from reckeras.datasets._synth import CHUNK_ROWS, chunks, draw, table_of, write_tables, zipf_cdf
 
 NAME = "aliccp_synth"
 TEACHER_SEED = 20_261_214
@@ -113,16 +113,6 @@ def _schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _zipf_cdf(size: int, exponent: float) -> np.ndarray:
-    weights = (np.arange(size) + 1.0) ** -exponent
-    return np.cumsum(weights / weights.sum())
-
-
-def _draw(cdf: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
-    """`count` ranks drawn from the distribution whose running sum is `cdf`."""
-    return np.searchsorted(cdf, rng.random(count), side="right").clip(max=len(cdf) - 1)
-
-
 def _effects(rng: np.random.Generator, events: np.ndarray, half: float, scale: float,
              dim: int | None = None) -> np.ndarray:
     """Normal effects (vectors of `dim`, if given) of ids expecting `events`
@@ -141,25 +131,25 @@ class _Teacher:
         rows = DEFAULT_ROWS["train"]
         # Users and items: traffic by popularity rank; a rank's id is a random
         # permutation, so ids carry no popularity order.
-        self.user_cdf = _zipf_cdf(NUM_USERS, 1.0)
-        self.item_cdf = _zipf_cdf(NUM_ITEMS, 1.2)
+        self.user_cdf = zipf_cdf(NUM_USERS, 1.0)
+        self.item_cdf = zipf_cdf(NUM_ITEMS, 1.2)
         self.user_ids = rng.permutation(NUM_USERS)
         self.item_ids = rng.permutation(NUM_ITEMS)
         user_count = rows * np.diff(self.user_cdf, prepend=0.0)
         item_count = rows * np.diff(self.item_cdf, prepend=0.0)
         # Profiles, one per user rank.
         self.gender = (rng.random(NUM_USERS) < 0.45).astype(np.int64)
-        self.age = _draw(np.cumsum([0.08, 0.22, 0.26, 0.19, 0.13, 0.08, 0.04]),
+        self.age = draw(np.cumsum([0.08, 0.22, 0.26, 0.19, 0.13, 0.08, 0.04]),
                          NUM_USERS, rng)
-        self.city_level = _draw(np.cumsum([0.1, 0.2, 0.3, 0.25, 0.15]), NUM_USERS, rng)
+        self.city_level = draw(np.cumsum([0.1, 0.2, 0.3, 0.25, 0.15]), NUM_USERS, rng)
         self.occupation = rng.integers(0, OCCUPATIONS, NUM_USERS)
         self.occupation_missing = rng.random(NUM_USERS) < 0.1
         self.clicks_30d = np.maximum(
             np.floor(np.exp(rng.normal(1.5, 1.2, NUM_USERS))) - 1, 0).astype(np.int64)
         # Items' attributes, one per item rank; shops and brands by a Zipf law.
-        self.category = _draw(_zipf_cdf(NUM_CATEGORIES, 0.9), NUM_ITEMS, rng)
-        self.shop = _draw(_zipf_cdf(NUM_SHOPS, 0.8), NUM_ITEMS, rng)
-        self.brand = _draw(_zipf_cdf(NUM_BRANDS, 0.8), NUM_ITEMS, rng)
+        self.category = draw(zipf_cdf(NUM_CATEGORIES, 0.9), NUM_ITEMS, rng)
+        self.shop = draw(zipf_cdf(NUM_SHOPS, 0.8), NUM_ITEMS, rng)
+        self.brand = draw(zipf_cdf(NUM_BRANDS, 0.8), NUM_ITEMS, rng)
         self.brand_missing = rng.random(NUM_ITEMS) < 0.25
         category_log_price = rng.normal(_LOG_PRICE_MEAN, 0.7, NUM_CATEGORIES)
         self.price = np.round(np.exp(category_log_price[self.category]
@@ -195,7 +185,7 @@ class _Teacher:
         self.age_vector = 0.5 * normal((AGES, LATENT_DIM))
         self.category_vector = _effects(rng, clicks["category"], _HALF_EVENTS, 0.6,
                                         LATENT_DIM)
-        self.position_cdf = _zipf_cdf(POSITIONS, 0.5)
+        self.position_cdf = zipf_cdf(POSITIONS, 0.5)
         hour_weight = 1.2 + np.cos(2 * np.pi * (np.arange(HOURS) - 20) / HOURS)
         self.hour_cdf = np.cumsum(hour_weight / hour_weight.sum())
 
@@ -229,10 +219,10 @@ class _Teacher:
     def make_rows(self, rng: np.random.Generator, rows: int) -> dict[str, Any]:
         """Columns of `rows` impressions, with both labels and the teacher's
         probabilities; nullable columns are `(values, missing mask)` pairs."""
-        user = _draw(self.user_cdf, rows, rng)
-        item = _draw(self.item_cdf, rows, rng)
-        position = _draw(self.position_cdf, rows, rng)
-        hour = _draw(self.hour_cdf, rows, rng)
+        user = draw(self.user_cdf, rows, rng)
+        item = draw(self.item_cdf, rows, rng)
+        position = draw(self.position_cdf, rows, rng)
+        hour = draw(self.hour_cdf, rows, rng)
         p_click, p_cvr = self.probabilities(user, item, position, hour)
         click = rng.random(rows) < p_click
         conversion = click & (rng.random(rows) < p_cvr)

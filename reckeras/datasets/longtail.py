@@ -52,7 +52,7 @@ import pyarrow as pa
 
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
-from reckeras.datasets._synth import CHUNK_ROWS, chunks, table_of, write_tables
+from reckeras.datasets._synth import CHUNK_ROWS, chunks, draw, table_of, write_tables, zipf_cdf
 
 NAME = "longtail_synth"
 TEACHER_SEED = 20_261_227
@@ -80,16 +80,6 @@ def _schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _zipf_cdf(size: int, exponent: float) -> np.ndarray:
-    weights = (np.arange(size) + 1.0) ** -exponent
-    return np.cumsum(weights / weights.sum())
-
-
-def _draw(cdf: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
-    """`count` ranks drawn from the distribution whose running sum is `cdf`."""
-    return np.searchsorted(cdf, rng.random(count), side="right").clip(max=len(cdf) - 1)
-
-
 class _Teacher:
     """The hidden world: users, items, their attributes and every effect."""
 
@@ -100,19 +90,19 @@ class _Teacher:
         rows = DEFAULT_ROWS["train"]
         # Traffic by popularity rank; a rank's id is a random permutation, so
         # ids carry no popularity order.
-        self.user_cdf = _zipf_cdf(size["user_id"], 0.75)
-        self.item_cdf = _zipf_cdf(size["item_id"], 0.85)
+        self.user_cdf = zipf_cdf(size["user_id"], 0.75)
+        self.item_cdf = zipf_cdf(size["item_id"], 0.85)
         self.user_ids = rng.permutation(size["user_id"])
         self.item_ids = rng.permutation(size["item_id"])
         user_shrink = self._shrink(rows * np.diff(self.user_cdf, prepend=0.0))
         item_shrink = self._shrink(rows * np.diff(self.item_cdf, prepend=0.0))
         # Profiles, one per user rank; attributes, one per item rank.
         self.gender = (rng.random(size["user_id"]) < 0.45).astype(np.int64)
-        self.age = _draw(np.cumsum([0.08, 0.22, 0.26, 0.19, 0.13, 0.08, 0.04]),
+        self.age = draw(np.cumsum([0.08, 0.22, 0.26, 0.19, 0.13, 0.08, 0.04]),
                          size["user_id"], rng)
-        self.city = _draw(_zipf_cdf(size["user_city"], 1.1), size["user_id"], rng)
-        self.category = _draw(_zipf_cdf(size["item_category"], 0.9), size["item_id"], rng)
-        self.brand = _draw(_zipf_cdf(size["item_brand"], 1.0), size["item_id"], rng)
+        self.city = draw(zipf_cdf(size["user_city"], 1.1), size["user_id"], rng)
+        self.category = draw(zipf_cdf(size["item_category"], 0.9), size["item_id"], rng)
+        self.brand = draw(zipf_cdf(size["item_brand"], 1.0), size["item_id"], rng)
         # Per-field effects.
         self.effect = {
             "user": 1.5 * user_shrink * normal(size["user_id"]),
@@ -136,7 +126,7 @@ class _Teacher:
             (size["user_id"], LATENT_DIM))
         self.item_vector = (2.0 * scale * item_shrink)[:, None] * normal(
             (size["item_id"], LATENT_DIM))
-        self.position_cdf = _zipf_cdf(size["position"], 0.7)
+        self.position_cdf = zipf_cdf(size["position"], 0.7)
         hour_weight = 1.2 + np.cos(2 * np.pi * (np.arange(size["hour"]) - 20) / 24)
         self.hour_cdf = np.cumsum(hour_weight / hour_weight.sum())
         self.device_cdf = np.cumsum([0.55, 0.3, 0.1, 0.05])
@@ -150,11 +140,11 @@ class _Teacher:
 
     def make_rows(self, rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
         """Columns of `rows` impressions, the label and the teacher's probability."""
-        user = _draw(self.user_cdf, rows, rng)
-        item = _draw(self.item_cdf, rows, rng)
-        position = _draw(self.position_cdf, rows, rng)
-        hour = _draw(self.hour_cdf, rows, rng)
-        device = _draw(self.device_cdf, rows, rng)
+        user = draw(self.user_cdf, rows, rng)
+        item = draw(self.item_cdf, rows, rng)
+        position = draw(self.position_cdf, rows, rng)
+        hour = draw(self.hour_cdf, rows, rng)
+        device = draw(self.device_cdf, rows, rng)
         gender, age, city = self.gender[user], self.age[user], self.city[user]
         category, brand = self.category[item], self.brand[item]
         effect = self.effect
