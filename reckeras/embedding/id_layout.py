@@ -92,10 +92,13 @@ class IdLayout:
         """
         # Without sequences a bag holds one id or none (a missing value):
         # N == S * B tells that every bag holds one.
-        if self.packing.has_sequences or ids.numel() != batch * self.packing.num_slots:
+        if self.packing.has_sequences:
             return self._id_groups(offsets, batch, per_id, ids.numel(), ids.device,
                                    weights)
-        return self._one_id_per_bag(batch, per_id, ids.device)
+        every_bag = self._one_id_per_bag(batch, ids.device)
+        if ids.numel() == batch * self.packing.num_slots:
+            return every_bag
+        return self._present_bags(every_bag, offsets)
 
     def _id_groups(self, offsets, batch, per_id, num_ids, device, weights=None):
         plan = self.packing
@@ -124,7 +127,7 @@ class IdLayout:
                            destination.index_select(0, chosen)))
         return groups
 
-    def _one_id_per_bag(self, batch, per_id, device):
+    def _one_id_per_bag(self, batch, device):
         """`_id_groups` of a batch without sequence features: every slot
         then holds exactly one id per example, so the layout depends on the
         batch size only and is built once per size (rebuilding it for every
@@ -132,9 +135,35 @@ class IdLayout:
         key = (batch, device)
         cached_key, groups = self._cached     # one tuple: the stage thread reads it too
         if cached_key != key:
-            groups = self._id_groups(None, batch, per_id,
+            def per_bag(values):        # every slot holds `batch` bags
+                return values.to(device).repeat_interleave(batch)
+
+            groups = self._id_groups(None, batch, per_bag,
                                      batch * self.packing.num_slots, device)
             self._cached = (key, groups)
+        return groups
+
+    @staticmethod
+    def _present_bags(every_bag, offsets):
+        """The groups of a batch without sequence features whose missing
+        values left some bags empty: each id is the one id of a non-empty
+        bag, so its layout is that bag's entry in the every-bag layout (a
+        gather, where `_id_groups` expands every per-slot value again)."""
+        present = (offsets[1:] != offsets[:-1]).nonzero().squeeze(1)
+        if len(every_bag) == 1:
+            _, tags, weight, destination = every_bag[0]
+            return [(None, None if tags is None else tags.index_select(0, present),
+                     weight[:present.numel()], destination.index_select(0, present))]
+        # chosen: positions among the present bags, which are the ids' positions.
+        id_of_bag = torch.full_like(offsets[1:], -1)
+        id_of_bag.index_copy_(0, present, torch.arange(present.numel(), device=present.device))
+        groups = []
+        for chosen, tags, weight, destination in every_bag:   # one per distinct dim
+            ids = id_of_bag.index_select(0, chosen)
+            kept = (ids >= 0).nonzero().squeeze(1)
+            groups.append((ids.index_select(0, kept),
+                           None if tags is None else tags.index_select(0, kept),
+                           weight[:kept.numel()], destination.index_select(0, kept)))
         return groups
 
     def _pooling_weight(self, offsets, bag, per_id, num_ids, device, weights):

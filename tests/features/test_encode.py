@@ -123,7 +123,9 @@ def _wide_table(rng, rows, num_ids, num_floats, chunks, nulls):
         mask = (rng.random(rows) < 0.3) if nulls else None
         columns[f"c{j}"] = pa.array(values, pa.int64(), mask=mask)
     for j in range(num_floats):
-        columns[f"f{j}"] = pa.array(rng.normal(size=rows).astype(np.float32))
+        mask = (rng.random(rows) < 0.3) if nulls else None
+        # Under a null the buffer keeps its value: encoding must not read it.
+        columns[f"f{j}"] = pa.array(rng.normal(size=rows).astype(np.float32), mask=mask)
     table = pa.table(columns)
     if chunks > 1:          # the same rows in several record batches
         bounds = np.linspace(0, rows, chunks + 1).astype(int)
@@ -133,15 +135,17 @@ def _wide_table(rng, rows, num_ids, num_floats, chunks, nulls):
     return table
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 40), num_ids=st.integers(0, 6), num_floats=st.integers(0, 4),
-       chunks=st.integers(1, 3), nulls=st.booleans(), seed=st.integers(0, 2**16))
+       chunks=st.integers(1, 3), nulls=st.booleans(), start=st.integers(0, 11),
+       seed=st.integers(0, 2**16))
 def test_block_encoding_equals_one_feature_at_a_time(rows, num_ids, num_floats, chunks,
-                                                     nulls, seed):
-    # Many int64 Categoricals / float32 Numerics are encoded as blocks; one
-    # feature alone goes column by column: both must give the same arrays.
-    table = _wide_table(np.random.default_rng(seed), rows, num_ids, num_floats,
-                        chunks, nulls)
+                                                     nulls, start, seed):
+    # Many int64 Categoricals / float32 Numerics are encoded as blocks (with
+    # nulls too: their buffers are read in place, from the slice's offset);
+    # one feature alone goes column by column: both must give the same arrays.
+    table = _wide_table(np.random.default_rng(seed), rows + start, num_ids, num_floats,
+                        chunks, nulls).slice(start)
     specs = [rk.features.Categorical(f"c{j}", dim=4) for j in range(num_ids)] \
         + [rk.features.Numeric(f"f{j}") for j in range(num_floats)]
     if not specs:
@@ -152,10 +156,17 @@ def test_block_encoding_equals_one_feature_at_a_time(rows, num_ids, num_floats, 
         alone = encode([spec], table)
         assert together[spec.name].dtype == alone[spec.name].dtype
         np.testing.assert_array_equal(together[spec.name], alone[spec.name])
-    for j in range(num_ids):     # column j of LENGTHS: 0 at a null of c{j}
+    for j in range(num_ids):     # column j of LENGTHS: 0 at a null of c{j}, its id 0
+        values = table.column(f"c{j}").to_pylist()
         np.testing.assert_array_equal(together[LENGTHS][:, j],
-                                      table.column(f"c{j}").is_valid().to_numpy(
-                                          zero_copy_only=False))
+                                      [value is not None for value in values])
+        np.testing.assert_array_equal(together[f"c{j}"],
+                                      [0 if value is None else value for value in values])
+    for j in range(num_floats):  # a null float is NaN (its default is applied later)
+        values = table.column(f"f{j}").to_pylist()
+        np.testing.assert_array_equal(
+            together[f"f{j}"], np.array([np.nan if v is None else v for v in values],
+                                        np.float32))
 
 
 def test_block_errors_name_the_feature():
