@@ -326,7 +326,7 @@ def encode(specs: _Sequence[Any],
     layout = _layout_of(specs, table.schema)
     inputs: dict[str, np.ndarray] = {}
     one_by_one = layout.one_by_one
-    lengths = {}                       # the lengths that are not all 1
+    lengths: dict[str, np.ndarray] = {}    # the lengths that are not all 1
     for block in layout.blocks:
         selected = table.select(block.positions)
         if any(column.null_count for column in selected.columns):
@@ -352,9 +352,9 @@ def encode(specs: _Sequence[Any],
         elif isinstance(spec, Categorical) and spec.boundaries is not None:
             inputs[spec.name] = _numbers(spec, column)
         elif isinstance(spec, Categorical):
-            inputs[spec.name], present = _ids(spec, column)
-            if present is not None:
-                lengths[spec.name] = present
+            inputs[spec.name], valid = _ids(spec, column)
+            if valid is not None:
+                lengths[spec.name] = valid
         elif isinstance(spec, Sequence):
             weights = None if spec.weights is None else \
                 _column(table, positions, spec, spec.weights)
