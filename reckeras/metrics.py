@@ -337,3 +337,260 @@ class GAUC(keras.metrics.Metric):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "group": self.group}
+
+
+def _as_positions(values: Any, what: str) -> torch.Tensor:
+    """A `[B, n]` int64 CPU tensor of candidate positions (floats rounded:
+    labels reach metrics as float32, exact below 2**24)."""
+    if isinstance(values, torch.Tensor):
+        tensor = values.detach().cpu()
+    else:
+        tensor = torch.as_tensor(np.array(values))
+    if tensor.is_floating_point():
+        tensor = torch.round(tensor)
+    tensor = tensor.to(torch.int64)
+    if tensor.dim() == 1:
+        tensor = tensor[:, None]
+    if tensor.dim() != 2:
+        raise ValueError(f"{what} must be [batch, positions], got shape "
+                         f"{tuple(tensor.shape)}")
+    return tensor
+
+
+class _RankingMetric(keras.metrics.Metric):
+    """The mean over users of a per-user ranking score (the users with at
+    least one relevant item), from top-K positions and relevant positions.
+
+    Subclasses give `_per_user(hits, relevant_count)`: `hits` is bool
+    `[B, K]` (is the i-th ranked position relevant), `relevant_count` int64
+    `[B]` (distinct relevant positions, > 0).
+    """
+
+    def __init__(self, k: int | None, name: str, dtype: str | None):
+        super().__init__(name=name, dtype=dtype)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"{type(self).__name__}: k must be a positive int, got {k!r}")
+        self.k = k
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        self._total = 0.0
+        self._users = 0.0
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Adds a batch of users.
+
+        Args:
+            y_true: `[B, R]` relevant candidate positions per user, -1
+                padded (repeats count once).
+            y_pred: `[B, K]` ranked candidate positions, best first (as
+                `rk.retrieval.exact_top_k` returns them; -1 is an empty slot).
+            sample_weight: optional `[B]` weight per user.
+        """
+        if in_stateless_scope():
+            return
+        relevant = _as_positions(y_true, f"{self.name}: y_true")
+        ranked = _as_positions(y_pred, f"{self.name}: y_pred")
+        if relevant.shape[0] != ranked.shape[0]:
+            raise ValueError(f"{self.name}: y_true has {relevant.shape[0]} rows and y_pred "
+                             f"{ranked.shape[0]}; both hold one row per user")
+        if self.k is not None:
+            if ranked.shape[1] < self.k:
+                raise ValueError(f"{self.name} needs at least {self.k} ranked positions "
+                                 f"per user, got {ranked.shape[1]}")
+            ranked = ranked[:, :self.k]
+        # Repeated relevant positions count once: blank all but the first.
+        relevant = torch.sort(relevant, dim=1).values
+        repeated = torch.zeros_like(relevant, dtype=torch.bool)
+        repeated[:, 1:] = relevant[:, 1:] == relevant[:, :-1]
+        relevant = torch.where(repeated, -1, relevant)
+        relevant_count = (relevant >= 0).sum(dim=1)
+        hits = ((ranked[:, :, None] == relevant[:, None, :])
+                & (relevant[:, None, :] >= 0)).any(dim=2)
+        weights = torch.ones(ranked.shape[0], dtype=torch.float64) if sample_weight is None \
+            else _as_cpu_float64(sample_weight).reshape(-1)
+        if weights.shape[0] != ranked.shape[0]:
+            raise ValueError(f"{self.name}: sample_weight needs one weight per user "
+                             f"({ranked.shape[0]}), got {weights.shape[0]}")
+        users = relevant_count > 0
+        if not users.any():
+            return
+        values = self._per_user(hits[users], relevant_count[users])
+        self._total += float(values.to(torch.float64) @ weights[users])
+        self._users += float(weights[users].sum())
+
+    def _per_user(self, hits: torch.Tensor, relevant_count: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def result(self) -> Any:
+        value = self._total / self._users if self._users else 0.0
+        return keras.ops.convert_to_tensor(value, dtype=self.dtype)
+
+    def sync_across_ranks(self) -> None:
+        """Sums every rank's users, so `result()` is the mean over all of them.
+
+        Every rank must call it (it is a collective); in one process it
+        changes nothing. `rk.Model` calls it at the end of every epoch and
+        of `evaluate`.
+        """
+        parts = _gather((self._total, self._users))
+        self._total = sum(total for total, _ in parts)
+        self._users = sum(users for _, users in parts)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "k": self.k}
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class RecallAtK(_RankingMetric):
+    """Recall@K: the share of each user's relevant items ranked in the top K.
+
+    Per user, `|top K ∩ relevant| / |relevant|`, as LightGCN and the open
+    matching benchmarks (Gowalla, Yelp2018, Amazon-book) define it: a user
+    with more than K relevant items cannot reach 1.
+
+    `y_true` holds each user's relevant candidate positions `[B, R]`, -1
+    padded (`rk.datasets.user_items` of the held-out split); `y_pred` the
+    ranked positions `[B, K]`, best first, as `rk.retrieval.exact_top_k` and
+    `rk.retrieval.BruteForceTopK` give them (training items already left
+    out). Users without a relevant position are skipped; the result is the
+    (sample-weighted) mean over the other users, 0.0 before any. Under
+    torchrun, `rk.Model` sums every rank's users at the end of each epoch
+    and of `evaluate`.
+
+    Args:
+        k: the cut-off; `y_pred` must hold at least `k` positions per row.
+        name: metric name, `recall_at_<k>` by default.
+        dtype: result dtype.
+
+    Example:
+
+    ```python
+    recall = rk.metrics.RecallAtK(2)
+    recall.update_state([[4, 9, -1], [1, -1, -1]], [[9, 3, 4], [0, 2, 5]])
+    float(recall.result())   # (1/2 + 0/1) / 2 = 0.25
+    ```
+    """
+
+    def __init__(self, k: int, name: str | None = None, dtype: str | None = None):
+        super().__init__(k, name or f"recall_at_{k}", dtype)
+
+    def _per_user(self, hits, relevant_count):
+        return hits.sum(dim=1) / relevant_count
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class HitRateAtK(_RankingMetric):
+    """HitRate@K: the share of users with at least one relevant item in the top K.
+
+    `y_true` holds each user's relevant candidate positions `[B, R]`, -1
+    padded (`rk.datasets.user_items` of the held-out split); `y_pred` the
+    ranked positions `[B, K]`, best first, as `rk.retrieval.exact_top_k` and
+    `rk.retrieval.BruteForceTopK` give them (training items already left
+    out). Users without a relevant position are skipped; the result is the
+    (sample-weighted) mean over the other users, 0.0 before any. Under
+    torchrun, `rk.Model` sums every rank's users at the end of each epoch
+    and of `evaluate`.
+
+    Args:
+        k: the cut-off; `y_pred` must hold at least `k` positions per row.
+        name: metric name, `hit_rate_at_<k>` by default.
+        dtype: result dtype.
+
+    Example:
+
+    ```python
+    hit_rate = rk.metrics.HitRateAtK(2)
+    hit_rate.update_state([[4, 9, -1], [1, -1, -1]], [[9, 3, 4], [0, 2, 5]])
+    float(hit_rate.result())   # 0.5
+    ```
+    """
+
+    def __init__(self, k: int, name: str | None = None, dtype: str | None = None):
+        super().__init__(k, name or f"hit_rate_at_{k}", dtype)
+
+    def _per_user(self, hits, relevant_count):
+        return hits.any(dim=1).to(torch.float64)
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class NDCGAtK(_RankingMetric):
+    """NDCG@K with binary relevance.
+
+    Per user, `DCG / IDCG` with `DCG = sum_{i < K, i-th ranked relevant}
+    1 / log2(i + 2)` and the ideal `IDCG = sum_{i < min(K, |relevant|)}
+    1 / log2(i + 2)` (LightGCN's definition).
+
+    `y_true` holds each user's relevant candidate positions `[B, R]`, -1
+    padded (`rk.datasets.user_items` of the held-out split); `y_pred` the
+    ranked positions `[B, K]`, best first, as `rk.retrieval.exact_top_k` and
+    `rk.retrieval.BruteForceTopK` give them (training items already left
+    out). Users without a relevant position are skipped; the result is the
+    (sample-weighted) mean over the other users, 0.0 before any. Under
+    torchrun, `rk.Model` sums every rank's users at the end of each epoch
+    and of `evaluate`.
+
+    Args:
+        k: the cut-off; `y_pred` must hold at least `k` positions per row.
+        name: metric name, `ndcg_at_<k>` by default.
+        dtype: result dtype.
+
+    Example:
+
+    ```python
+    ndcg = rk.metrics.NDCGAtK(2)
+    ndcg.update_state([[3, -1]], [[9, 3]])
+    float(ndcg.result())   # (1 / log2(3)) / 1 = 0.63...
+    ```
+    """
+
+    def __init__(self, k: int, name: str | None = None, dtype: str | None = None):
+        super().__init__(k, name or f"ndcg_at_{k}", dtype)
+
+    def _per_user(self, hits, relevant_count):
+        discount = 1.0 / torch.log2(torch.arange(hits.shape[1], dtype=torch.float64) + 2.0)
+        ideal = torch.cumsum(discount, 0)[relevant_count.clamp(max=hits.shape[1]) - 1]
+        return (hits.to(torch.float64) @ discount) / ideal
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class MRR(_RankingMetric):
+    """Mean reciprocal rank: `1 / rank` of each user's first relevant item.
+
+    The rank counts from 1 over every position of `y_pred` (so MRR@K for a
+    `[B, K]` prediction); a user with no relevant item in it scores 0.
+
+    `y_true` holds each user's relevant candidate positions `[B, R]`, -1
+    padded (`rk.datasets.user_items` of the held-out split); `y_pred` the
+    ranked positions `[B, K]`, best first, as `rk.retrieval.exact_top_k` and
+    `rk.retrieval.BruteForceTopK` give them (training items already left
+    out). Users without a relevant position are skipped; the result is the
+    (sample-weighted) mean over the other users, 0.0 before any. Under
+    torchrun, `rk.Model` sums every rank's users at the end of each epoch
+    and of `evaluate`.
+
+    Args:
+        name: metric name.
+        dtype: result dtype.
+
+    Example:
+
+    ```python
+    mrr = rk.metrics.MRR()
+    mrr.update_state([[4, 9, -1], [1, -1, -1]], [[3, 9, 4], [0, 2, 5]])
+    float(mrr.result())   # (1/2 + 0) / 2 = 0.25
+    ```
+    """
+
+    def __init__(self, name: str = "mrr", dtype: str | None = None):
+        super().__init__(None, name, dtype)
+
+    def _per_user(self, hits, relevant_count):
+        first = torch.where(hits.any(dim=1), hits.to(torch.int8).argmax(dim=1) + 1.0,
+                            float("inf"))
+        return (1.0 / first).to(torch.float64)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        del config["k"]
+        return config

@@ -10,6 +10,12 @@ as columns. Every reader returns a `Dataset` that streams fixed-size
 cuts partitioned data into time windows, in order. `generate("criteo_stream",
 ...)` writes a daily log whose teacher drifts, one partition per day.
 
+For retrieval, `retrieval_synth` holds implicit feedback whose teacher's
+Recall@K is known (`Dataset.teacher_recall`), `from_user_lines` reads the
+`user item item ...` files of the open matching benchmarks, `split_per_user`
+holds out part of each user's interactions and `user_items` gives each
+user's items as the padded matrix the retrieval metrics take.
+
 This package depends on nothing else of reckeras.
 
 Example:
@@ -33,7 +39,10 @@ from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._orc import from_orc
 from reckeras.datasets._parquet import from_parquet
 from reckeras.datasets._registry import generate, list, load  # noqa: A004 - rk.datasets.list
+from reckeras.datasets._user_lines import from_user_lines
+from reckeras.datasets._user_splits import split_per_user, user_items
 from reckeras.datasets.taobao import taobao_user_behavior
 
 __all__ = ["Dataset", "criteo_tsv", "from_csv", "from_orc", "from_parquet",
-           "generate", "list", "load", "taobao_user_behavior"]
+           "from_user_lines", "generate", "list", "load", "split_per_user",
+           "taobao_user_behavior", "user_items"]

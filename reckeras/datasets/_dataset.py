@@ -347,6 +347,46 @@ class Dataset:
         table = pa.concat_tables(pieces)
         return roc_auc(table[LABEL].to_numpy(), table[TEACHER_PROB].to_numpy())
 
+    def teacher_recall(self, k: int) -> float:
+        """The hidden teacher's Recall@k on these held-out interactions.
+
+        For a retrieval dataset made by a known teacher (`retrieval_synth`'s
+        `valid` and `test` splits): the teacher ranks every candidate by its
+        own score, each user's train items left out, and its top `k` is
+        scored against the user's items in this split with
+        `rk.metrics.RecallAtK`'s definition. This is the retrieval analogue
+        of `bayes_auc`: the Recall@k a perfect model reaches in expectation.
+
+        Args:
+            k: the cut-off; the values stored are listed in the error for
+                any other.
+
+        Returns:
+            The mean over users of (held-out items in the teacher's top k) /
+            (the user's held-out items).
+
+        Raises:
+            ValueError: when the dataset carries no teacher recall, or not
+                for this `k`.
+
+        Example:
+
+        ```python
+        test = rk.datasets.load("retrieval_synth", split="test")
+        test.teacher_recall(20)
+        ```
+        """
+        stored = self.metadata.get("teacher_recall")
+        if not stored:
+            raise ValueError(
+                f"dataset {self.name!r} carries no teacher recall; only the held-out "
+                f"splits of synthetic retrieval data (retrieval_synth's 'valid' and "
+                f"'test') do")
+        if str(k) not in stored:
+            raise ValueError(f"dataset {self.name!r} stores the teacher's recall for "
+                             f"k in {sorted(map(int, stored))}, not {k!r}")
+        return float(stored[str(k)])
+
 
 def _check_batch_size(batch_size: Any) -> None:
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:

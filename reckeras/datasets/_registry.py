@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from reckeras.datasets import _synth, aliccp, criteo_stream, longtail, taobao
+from reckeras.datasets import _synth, aliccp, criteo_stream, longtail, retrieval, taobao
 from reckeras.datasets._dataset import Dataset
 from reckeras.datasets._parquet import METADATA_KEY, open_files
 
@@ -20,6 +20,7 @@ _GENERATED = {
     taobao.NAME: (taobao.SPLIT_SEEDS, taobao.generate_taobao_synth),
     aliccp.NAME: (aliccp.SPLIT_SEEDS, aliccp.generate_aliccp_synth),
     longtail.NAME: (longtail.SPLIT_SEEDS, longtail.generate_longtail_synth),
+    retrieval.NAME: (retrieval.SPLITS, retrieval.generate_retrieval_synth),
 }
 
 
@@ -33,7 +34,8 @@ def list() -> builtins.list[str]:  # noqa: A001 - the public name is rk.datasets
 
     ```python
     rk.datasets.list()
-    # ['aliccp_synth', 'criteo_synth', 'longtail_synth', 'taobao_synth']
+    # ['aliccp_synth', 'criteo_synth', 'longtail_synth', 'retrieval_synth',
+    #  'taobao_synth']
     ```
     """
     return sorted([*_synth.SPECS, *_GENERATED])
@@ -69,7 +71,8 @@ def packaged_path(name: str, split: str) -> Path:
 
     Args:
         name: a dataset name, e.g. "criteo_synth".
-        split: "train" or "test" ("valid" too for "longtail_synth").
+        split: "train" or "test" ("valid" too for "longtail_synth";
+            "valid" and "items" too for "retrieval_synth").
 
     Returns:
         The path `reckeras/datasets/data/<name>_<split>.parquet`.
@@ -90,7 +93,8 @@ def load(name: str, split: str = "train") -> Dataset:
 
     Args:
         name: one of `list()`, e.g. "criteo_synth".
-        split: "train" or "test" ("valid" too for "longtail_synth").
+        split: "train" or "test" ("valid" too for "longtail_synth";
+            "valid" and "items" too for "retrieval_synth").
 
     Returns:
         A `Dataset` named "<name>:<split>".
@@ -134,7 +138,10 @@ def generate(name: str, rows: int | None = None,
 
     Args:
         name: one of `list()`, or "criteo_stream".
-        rows: number of rows to write (not for "criteo_stream").
+        rows: number of rows to write (not for "criteo_stream"); for
+            "retrieval_synth", the number of users, whose rows go to its
+            train, valid and test splits together (see
+            `reckeras.datasets.retrieval`).
         path: the parquet file to write (parent directories are created);
             for "criteo_stream", the directory of the days.
         split: the split whose row seed is used; `generate(name, 200_000,

@@ -570,7 +570,7 @@ def chunks(make_chunk: Callable[[int], pa.Table], rows: int) -> Iterator[pa.Tabl
 
 
 def write_tables(path: str | os.PathLike, table_schema: pa.Schema,
-                 tables: Iterable[pa.Table], rows: int, name: str,
+                 tables: Iterable[pa.Table], rows: int | None, name: str,
                  footer: Callable[[], dict[bytes, str]] | None = None) -> Path:
     """Writes generated tables to a parquet file, one row group each.
 
@@ -582,7 +582,8 @@ def write_tables(path: str | os.PathLike, table_schema: pa.Schema,
         path: the parquet file to write (parent directories are created).
         table_schema: the file's schema, with its metadata.
         tables: the tables to write, each of `table_schema`'s columns.
-        rows: the total number of rows, for the progress bar.
+        rows: the total number of rows, for the progress bar; None when
+            it is known only once every table is made.
         name: the progress bar's label, e.g. "criteo_synth:train".
         footer: called once every table is written; its key-value pairs go
             into the file's footer (the description of data that is known

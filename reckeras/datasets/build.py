@@ -4,7 +4,7 @@ Every split of every synthetic dataset is written with its default size and
 seed by `generate`, so the packaged files are reproducible bit for bit.
 """
 
-from reckeras.datasets import _registry, _synth, aliccp, longtail, taobao
+from reckeras.datasets import _registry, _synth, aliccp, longtail, retrieval, taobao
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
             path = _registry.packaged_path(name, split)
             _registry.generate(name, rows, path, split=split)
             print(f"{path}: {rows} rows, {path.stat().st_size / 2**20:.2f} MiB")
-    for module in (taobao, aliccp, longtail):
+    for module in (taobao, aliccp, longtail, retrieval):
         for split, rows in module.DEFAULT_ROWS.items():
             path = _registry.packaged_path(module.NAME, split)
             _registry.generate(module.NAME, rows, path, split=split)

@@ -25,7 +25,7 @@ def test_table(test):
 
 def test_list():
     assert rkd.list() == ["aliccp_synth", "criteo_synth", "longtail_synth",
-                          "taobao_synth"]
+                          "retrieval_synth", "taobao_synth"]
 
 
 def test_unknown_name_and_split_list_the_valid_ones():

@@ -1,0 +1,29 @@
+"""Exact top-K over candidates sharded on 2 ranks equals 1 rank holding all
+of them, and the retrieval metrics of evaluate on 2 ranks at batch b equal
+1 rank at batch 2b (DESIGN invariant 2)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from launch import torchrun
+
+pytestmark = pytest.mark.slow  # spawns torchrun processes
+
+
+def run(tmp_path, nproc):
+    path = tmp_path / f"retrieval{nproc}.json"
+    torchrun("retrieval.py", nproc, path)
+    return json.loads(path.read_text())
+
+
+def test_two_ranks_equal_one(tmp_path):
+    single, double = run(tmp_path, 1), run(tmp_path, 2)
+    assert double["top"] == single["top"]
+    np.testing.assert_array_equal(double["scores"], single["scores"])
+    assert set(single["evaluate"]) >= {"top_k_recall_at_10", "top_k_ndcg_at_10",
+                                       "top_k_hit_rate_at_5", "top_k_mrr"}
+    assert single["evaluate"]["top_k_recall_at_10"] > 0
+    for name, value in single["evaluate"].items():
+        assert double["evaluate"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
