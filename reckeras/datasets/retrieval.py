@@ -260,7 +260,7 @@ def generate_retrieval_synth(rows: int, path: str | os.PathLike, split: str = "t
                 hit_sums = hit_sums + _teacher_hits(made, split_code)
             yield _rows_table(made, split_code)
 
-    def footer() -> dict[str, str]:
+    def footer() -> dict[bytes, str]:
         recall = {str(k): float(total / rows) for k, total in zip(RECALL_KS, hit_sums,
                                                                    strict=True)}
         return {METADATA_KEY: json.dumps({**description, "teacher_recall": recall},
