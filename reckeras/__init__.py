@@ -36,12 +36,13 @@ select_torch_backend()
 __version__ = "0.1.0"
 
 _SUBMODULES = ("callbacks", "checkpoint", "config", "datasets", "distributed", "embedding",
-               "features", "layers", "metrics", "models", "optimizers", "serving")
+               "features", "layers", "metrics", "models", "optimizers", "retrieval", "serving")
 _NAMES = {"Model": "reckeras.pipeline.model", "NonFiniteStepError": "reckeras.pipeline.guard"}
 # What registers reckeras's classes with Keras (layers, losses, metrics, the
 # Model): imported as soon as Keras is, so `keras.models.load_model` finds them.
 _KERAS_FACING = ("reckeras.layers", "reckeras.callbacks", "reckeras.metrics",
-                 "reckeras.optimizers", "reckeras.models", "reckeras.pipeline.model")
+                 "reckeras.optimizers", "reckeras.models", "reckeras.retrieval",
+                 "reckeras.pipeline.model")
 
 __all__ = ["BackendError", "Model", "NonFiniteStepError"]
 __all__.extend(_SUBMODULES)
