@@ -77,7 +77,9 @@ def _tower_output(tower, side, dense, embedded, training):
         parts.append(dense.index_select(1, torch.as_tensor(dense_columns,
                                                            device=dense.device)))
     features = parts[0] if len(parts) == 1 else keras.ops.concatenate(parts, axis=1)
-    return keras.ops.normalize(tower(features, training=training), axis=-1)
+    # torch's normalize clamps the norm: a zero output (every ReLU of a row
+    # off, a zero bias) has a finite gradient, where x / |x| has none.
+    return torch.nn.functional.normalize(tower(features, training=training), dim=-1)
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
