@@ -7,5 +7,6 @@ from reckeras.models.din import din
 from reckeras.models.dlrm import dlrm
 from reckeras.models.esmm import esmm
 from reckeras.models.mmoe import mmoe
+from reckeras.models.two_tower import two_tower
 
-__all__ = ["bst", "dcn_v2", "deepfm", "din", "dlrm", "esmm", "mmoe"]
+__all__ = ["bst", "dcn_v2", "deepfm", "din", "dlrm", "esmm", "mmoe", "two_tower"]

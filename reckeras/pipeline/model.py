@@ -81,6 +81,9 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         else:
             super().__init__(*args, **kwargs)
         self.nonfinite = "raise"
+        # Set by compile; an uncompiled model saves without them.
+        self.embedding_optimizer = None
+        self._group_metrics, self._group_outputs = [], []
         self.pipeline_stats: dict[str, Any] = {}
         self.loop_state = loops.LoopState()
 

@@ -112,7 +112,7 @@ def train_step(model: keras.Model, data: tuple) -> dict:
                 # averaging the gradients gives the global mean's.
                 distributed.all_reduce_mean_([g for g in gradients if g is not None])
                 model.optimizer.apply(gradients, trainable)
-    _keras_compat.update_loss_tracker(model, loss, _examples(y))
+    _keras_compat.update_loss_tracker(model, loss, _examples(x, y))
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
@@ -147,7 +147,7 @@ def test_step(model: keras.Model, data: tuple) -> dict:
     y_pred = forward(model, x, False, prepared_batch(data))
     loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                               training=False)
-    _keras_compat.update_loss_tracker(model, loss, _examples(y))
+    _keras_compat.update_loss_tracker(model, loss, _examples(x, y))
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
@@ -166,6 +166,7 @@ def predict_step(model: keras.Model, data: Any) -> Any:
     return forward(model, x, False, prepared_batch(data))
 
 
-def _examples(y):
-    """The batch size of labels (a tensor, or a dict of them)."""
-    return keras.tree.flatten(y)[0].shape[0]
+def _examples(x, y):
+    """The batch size of labels (a tensor, or a dict of them), or of the
+    inputs for a model trained without labels."""
+    return keras.tree.flatten(x if y is None else y)[0].shape[0]

@@ -35,8 +35,9 @@ def targets_for(data: Any, labels: str | dict | None, weight: str | None,
         The `batches.Targets`.
 
     Raises:
-        ValueError: no labels, labels that do not match the outputs, or
-            `class_weight` for a model with several outputs.
+        ValueError: no labels for a compiled loss or a `class_weight`, labels
+            that do not match the outputs, or `class_weight` for a model with
+            several outputs.
 
     Example:
 
@@ -46,6 +47,10 @@ def targets_for(data: Any, labels: str | dict | None, weight: str | None,
     ```
     """
     label = data.label if labels is None else labels
+    if label is None and loss is None and class_weight is None:
+        # A model that computes its own loss (`compute_loss`, `add_loss`)
+        # trains without labels, as in Keras.
+        return Targets(None, weight, class_weight, frozenset())
     if label is None:
         raise ValueError(f"{loop}() needs labels: a 'label' column in x, y, or labels=")
     if outputs is not None:

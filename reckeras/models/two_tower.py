@@ -1,0 +1,479 @@
+"""Two-tower retrieval (Yi et al. 2019; SimpleX, Mao et al. 2021) from public layers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as _Sequence
+from typing import TYPE_CHECKING, Any
+
+import keras
+import numpy as np
+import torch
+
+from reckeras import _keras_compat, distributed
+from reckeras.features.specs import Categorical, serialize
+from reckeras.layers.mlp import MLP
+from reckeras.layers.sharded_embedding import ShardedEmbedding
+from reckeras.models.esmm import check_tower_options, check_units, embedding_regularizer
+from reckeras.pipeline.model import Model
+from reckeras.retrieval import cross_rank, losses
+from reckeras.retrieval.frequency import FrequencyEstimator
+from reckeras.retrieval.negatives import NegativeSampler
+
+if TYPE_CHECKING:
+    from reckeras.layers.feature_columns import FeatureColumns
+
+
+def _split_columns(columns, query_features, candidate_features, candidate_id):
+    """Checks the two sides' feature names; returns `candidate_id`."""
+    names = [spec.name for spec in columns.specs]
+    for side, features in (("query_features", query_features),
+                           ("candidate_features", candidate_features)):
+        if not features or not all(isinstance(n, str) for n in features):
+            raise ValueError(f"two_tower: {side} must be a non-empty list of feature "
+                             f"names, got {features!r}")
+        unknown = [n for n in features if n not in names]
+        if unknown:
+            raise ValueError(f"two_tower: {side} names {unknown}, not features of the "
+                             f"columns ({names})")
+    both = sorted(set(query_features) & set(candidate_features))
+    if both:
+        raise ValueError(f"two_tower: features {both} are on both sides")
+    candidate_id = candidate_features[0] if candidate_id is None else candidate_id
+    spec = next((s for s in columns.specs if s.name == candidate_id), None)
+    if (candidate_id not in candidate_features or not isinstance(spec, Categorical)
+            or spec.boundaries is not None):
+        raise ValueError(f"two_tower: candidate_id {candidate_id!r} must be an id "
+                         f"Categorical among the candidate_features")
+    return candidate_id
+
+
+def _embedding_specs(columns, candidate_features, share_tables):
+    """The sparse specs, the candidate side's tables renamed `<table>:candidate`
+    unless the two sides share tables."""
+    specs = []
+    for spec in columns.sparse_specs:
+        config = serialize(spec)
+        if not share_tables and spec.name in candidate_features:
+            config["config"] = {**config["config"], "table": f"{spec.table}:candidate"}
+        specs.append(config)
+    return specs
+
+
+def _side_columns(columns, features):
+    """`(sparse feature names, dense column indices)` of one side's features
+    (a numeric feature of shape `(k,)` spans `k` dense columns)."""
+    widths = [(spec.name, spec.size) for spec in columns.plan.numeric]
+    starts = np.cumsum([0] + [width for _, width in widths])
+    dense = [int(c) for (name, width), start in zip(widths, starts, strict=False)
+             if name in features for c in range(start, start + width)]
+    return [s.name for s in columns.sparse_specs if s.name in features], dense
+
+
+def _tower_output(tower, side, dense, embedded, training):
+    """A tower's L2-normalized output over one side's features."""
+    sparse_names, dense_columns = side
+    parts = [embedded[name] for name in sparse_names]
+    if dense_columns:
+        parts.append(dense.index_select(1, torch.as_tensor(dense_columns,
+                                                           device=dense.device)))
+    features = parts[0] if len(parts) == 1 else keras.ops.concatenate(parts, axis=1)
+    # torch's normalize clamps the norm: a zero output (every ReLU of a row
+    # off, a zero bias) has a finite gradient, where x / |x| has none.
+    return torch.nn.functional.normalize(tower(features, training=training), dim=-1)
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class TwoTower(Model):
+    """What `rk.models.two_tower` builds: a query and a candidate tower.
+
+    Each example is a (query, positive candidate) interaction. Called on a
+    batch it returns `{"query": [B, D], "candidate": [B, D]}`, both
+    L2-normalized; training adds the loss over the batch's candidates
+    (`compute_loss`). See `two_tower` for the arguments.
+
+    Args:
+        columns: the `rk.layers.FeatureColumns` of both sides.
+        query_features: names of the query side's features.
+        candidate_features: names of the candidate side's features.
+        candidate_id: the candidate's id feature.
+        query_units: widths of the query tower.
+        candidate_units: widths of the candidate tower.
+        share_tables: whether the two sides share tables of one name.
+        loss: `"softmax"`, `"bpr"` or `"cosine_contrastive"`.
+        temperature: the softmax's temperature.
+        margin: the cosine contrastive loss's margin.
+        negative_weight: the cosine contrastive loss's negative weight.
+        logq_correction: subtract the candidates' streaming log q (softmax).
+        negatives: a `rk.retrieval.NegativeSampler`, or None.
+        frequency_buckets: `FrequencyEstimator`'s `num_buckets`.
+        frequency_alpha: `FrequencyEstimator`'s `alpha`.
+        dropout: tower dropout.
+        norm: tower normalization.
+        embedding_l2: L2 factor of the tables' regularizer.
+        table_options: per-table options of the `ShardedEmbedding`.
+        **kwargs: base Model arguments (`name`).
+    """
+
+    def __init__(self, columns: FeatureColumns, query_features: list[str],
+                 candidate_features: list[str], candidate_id: str | None = None,
+                 query_units: _Sequence[int] = (64, 32),
+                 candidate_units: _Sequence[int] | None = None, share_tables: bool = True,
+                 loss: str = "softmax", temperature: float = 0.05, margin: float = 0.0,
+                 negative_weight: float = 1.0, logq_correction: bool = True,
+                 negatives: NegativeSampler | None = None,
+                 frequency_buckets: int = 2**20, frequency_alpha: float = 0.01,
+                 dropout: float = 0.0, norm: str | None = None, embedding_l2: float = 0.0,
+                 table_options: dict[str, Any] | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        query_features, candidate_features = list(query_features), list(candidate_features)
+        self.candidate_id = _split_columns(columns, query_features, candidate_features,
+                                           candidate_id)
+        self.query_units = check_units("two_tower", "query_units", query_units, False)
+        self.candidate_units = self.query_units if candidate_units is None else \
+            check_units("two_tower", "candidate_units", candidate_units, False)
+        if self.query_units[-1] != self.candidate_units[-1]:
+            raise ValueError(f"two_tower: the towers' last widths must match (the "
+                             f"embedding size), got {self.query_units[-1]} and "
+                             f"{self.candidate_units[-1]}")
+        self.dropout, self.norm = check_tower_options("two_tower", dropout, norm)
+        losses.check_loss_options("two_tower", loss, temperature, margin, negative_weight)
+        candidate_inputs = [s.name for s in columns.specs if s.name in candidate_features]
+        if negatives is not None and candidate_inputs != [self.candidate_id]:
+            raise ValueError(f"two_tower: sampled negatives need a candidate tower of "
+                             f"the id alone (a sampled id has no other features), got "
+                             f"candidate_features {candidate_features}")
+        if negatives is not None and not isinstance(negatives, NegativeSampler):
+            raise ValueError(f"two_tower: negatives must be a rk.retrieval.NegativeSampler "
+                             f"or None, got {negatives!r}")
+        self.columns = columns
+        self.query_features, self.candidate_features = query_features, candidate_features
+        self.share_tables = bool(share_tables)
+        self.loss_name, self.temperature = loss, float(temperature)
+        self.margin, self.negative_weight = float(margin), float(negative_weight)
+        self.logq_correction = bool(logq_correction)
+        self.negatives = negatives
+        self.frequency_buckets, self.frequency_alpha = frequency_buckets, frequency_alpha
+        self.embedding_l2 = embedding_l2
+        self.embedding = ShardedEmbedding(
+            _embedding_specs(columns, candidate_features, share_tables), output="dict",
+            table_options=table_options,
+            embeddings_regularizer=embedding_regularizer("two_tower", embedding_l2))
+        self.query_tower = MLP(self.query_units, dropout=self.dropout, norm=self.norm,
+                               name="query_tower")
+        self.candidate_tower = MLP(self.candidate_units, dropout=self.dropout,
+                                   norm=self.norm, name="candidate_tower")
+        self.frequency = FrequencyEstimator(frequency_buckets, frequency_alpha) \
+            if loss == "softmax" and logq_correction else None
+        self._sides = {"query": _side_columns(columns, query_features),
+                       "candidate": _side_columns(columns, candidate_features)}
+        self._id_slot = [s.name for s in columns.sparse_specs].index(self.candidate_id)
+
+    def _tower(self, side, dense, embedded, training):
+        """One side's L2-normalized embedding from its features."""
+        tower = self.query_tower if side == "query" else self.candidate_tower
+        return _tower_output(tower, self._sides[side], dense, embedded, training)
+
+    def _packed_ids(self, ids):
+        """A packed sparse batch holding `ids` in the candidate id's slot only."""
+        count, slots = ids.shape[0], len(self.columns.sparse_specs)
+        offsets = torch.cat([
+            torch.zeros(self._id_slot * count, dtype=torch.int64, device=ids.device),
+            torch.arange(count, dtype=torch.int64, device=ids.device),
+            torch.full(((slots - self._id_slot - 1) * count + 1,), count,
+                       dtype=torch.int64, device=ids.device)])
+        return {"ids": ids.to(torch.int64), "offsets": offsets}
+
+    def _id_embeddings(self, ids, training):
+        """Candidate embeddings of bare ids (an id-only candidate tower)."""
+        embedded = self.embedding(self._packed_ids(ids), training=training)
+        return self._tower("candidate", None, embedded, training)
+
+    def call(self, inputs: dict, training: bool = False) -> dict:
+        dense, sparse = self.columns(inputs)
+        embedded = self.embedding(sparse, training=training)
+        outputs = {"query": self._tower("query", dense, embedded, training),
+                   "candidate": self._tower("candidate", dense, embedded, training)}
+        if training and self.negatives is not None:
+            # Each rank draws its own ids (its rank is the generator's stream).
+            ids, log_q = self.negatives.sample(distributed.world().rank, dense.device)
+            outputs.update(negative=self._id_embeddings(ids, training),
+                           negative_ids=ids, negative_log_q=log_q)
+        return outputs
+
+    def compute_loss(self, x: dict | None = None, y: Any = None, y_pred: Any = None,
+                     sample_weight: Any = None, training: bool = True) -> torch.Tensor:
+        """The retrieval loss of a batch, plus the layers' added losses.
+
+        Each row's positive is its own candidate; the negatives are the
+        other candidates of the global batch (every rank's, under
+        torchrun) and, in training, the sampled ones. Accidental hits
+        (a negative with the positive's id) are left out. With the softmax
+        loss and `logq_correction`, the candidates' frequency estimate is
+        updated with the global batch's ids (in training) and its `log q`
+        subtracted from their logits, a sampled negative's own `log q`
+        from its logit.
+
+        Args:
+            x: the batch's inputs (the candidate ids are read from them).
+            y: unused (the labels are the interactions themselves).
+            y_pred: `call`'s outputs.
+            sample_weight: per-row weights of the mean, or None.
+            training: whether the step trains (updates the estimate).
+
+        Returns:
+            The scalar loss.
+        """
+        query, ids = y_pred["query"], torch.as_tensor(x[self.candidate_id]).to(torch.int64)
+        candidates, candidate_ids, _, offset = cross_rank.gather_candidates(
+            y_pred["candidate"], ids.to(y_pred["candidate"].device), None)
+        log_q = None if self.frequency is None else \
+            self.frequency(candidate_ids, training=training)
+        if "negative" in y_pred:
+            candidates = torch.cat([candidates, y_pred["negative"]])
+            candidate_ids = torch.cat([candidate_ids, y_pred["negative_ids"]])
+            if log_q is not None:
+                log_q = torch.cat([log_q, y_pred["negative_log_q"]])
+        positive_index = offset + torch.arange(query.shape[0], device=query.device)
+        hits = losses.accidental_hits(candidate_ids[positive_index], candidate_ids,
+                                      positive_index)
+        scores = query @ candidates.T
+        if self.loss_name == "softmax":
+            rows = losses.sampled_softmax_loss(scores, positive_index, self.temperature,
+                                               log_q, hits)
+        elif self.loss_name == "bpr":
+            rows = losses.bpr_loss(scores, positive_index, hits)
+        else:
+            rows = losses.cosine_contrastive_loss(scores, positive_index, self.margin,
+                                                  self.negative_weight, hits)
+        if sample_weight is None:
+            total = rows.mean()
+        else:
+            weights = torch.as_tensor(sample_weight, dtype=rows.dtype).reshape(-1)
+            total = (rows * weights).sum() / weights.sum().clamp(min=1e-12)
+        for penalty in self.losses:
+            total = total + penalty
+        return total
+
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
+                **kwargs: Any) -> None:
+        """`rk.Model.compile` without a `loss`: the model brings its own.
+
+        Args:
+            optimizer: Keras optimizer of the dense weights.
+            loss: must be None (the loss is `two_tower`'s `loss` argument).
+            **kwargs: `rk.Model.compile`'s other arguments.
+
+        Raises:
+            ValueError: a `loss` is given.
+        """
+        if loss is not None:
+            raise ValueError(f"a two_tower model trains with the loss it was built with "
+                             f"({self.loss_name!r}, see two_tower's loss argument); "
+                             f"compile it without loss=, got {loss!r}")
+        super().compile(optimizer=optimizer, loss=None, **kwargs)
+
+    def candidate_embeddings(self, item_ids: Any, batch_size: int = 65536) -> np.ndarray:
+        """The candidate tower's embedding of every id, chunk by chunk.
+
+        For a candidate tower of the id alone: the corpus an exact top-K
+        or an index searches. Ids never trained read the tower of a zero
+        row. Under torchrun every rank must call it with the same ids (the
+        rows live on their owners).
+
+        Args:
+            item_ids: int `[N]` candidate ids.
+            batch_size: ids per chunk (bounds the memory of one lookup).
+
+        Returns:
+            float32 `[N, D]`, L2-normalized.
+
+        Raises:
+            ValueError: the candidate tower reads more than the id.
+        """
+        inputs = [s.name for s in self.columns.specs if s.name in self.candidate_features]
+        if inputs != [self.candidate_id]:
+            raise ValueError(f"candidate_embeddings needs a candidate tower of the id "
+                             f"{self.candidate_id!r} alone, got {inputs}; predict on "
+                             f"the candidates' rows and read the 'candidate' output")
+        ids = torch.as_tensor(np.asarray(item_ids, dtype=np.int64))
+        device = _keras_compat.keras_device()
+        with torch.no_grad():
+            chunks = [self._id_embeddings(ids[start:start + batch_size].to(device), False)
+                      for start in range(0, max(len(ids), 1), batch_size)]
+        return torch.cat(chunks).cpu().numpy() if len(ids) else \
+            np.zeros((0, self.query_units[-1]), np.float32)
+
+    def query_model(self) -> QueryTower:
+        """The query tower as its own `rk.Model`, sharing this model's layers.
+
+        Returns:
+            A `QueryTower`: `predict` gives the `[B, D]` query embeddings.
+        """
+        return QueryTower(self.columns, self.embedding, self.query_tower,
+                          self.query_features)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(),
+                "columns": keras.saving.serialize_keras_object(self.columns),
+                "query_features": self.query_features,
+                "candidate_features": self.candidate_features,
+                "candidate_id": self.candidate_id, "query_units": self.query_units,
+                "candidate_units": self.candidate_units, "share_tables": self.share_tables,
+                "loss": self.loss_name, "temperature": self.temperature,
+                "margin": self.margin, "negative_weight": self.negative_weight,
+                "logq_correction": self.logq_correction,
+                "negatives": None if self.negatives is None else
+                keras.saving.serialize_keras_object(self.negatives),
+                "frequency_buckets": self.frequency_buckets,
+                "frequency_alpha": self.frequency_alpha, "dropout": self.dropout,
+                "norm": self.norm, "embedding_l2": self.embedding_l2,
+                "table_options": self.embedding.get_config()["table_options"] or None}
+
+    @classmethod
+    def from_config(cls, config: dict) -> TwoTower:
+        config = dict(config)
+        for key in ("columns", "negatives"):
+            if config.get(key) is not None:
+                config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class QueryTower(Model):
+    """A two-tower model's query side as an `rk.Model` of its own.
+
+    `TwoTower.query_model()` makes it from the two-tower's own layers
+    (trained together, saved apart): `predict` returns the `[B, D]`
+    L2-normalized query embeddings. It reads the columns of both sides,
+    the candidate ones unused (null is fine).
+
+    Args:
+        columns: the two-tower's `rk.layers.FeatureColumns`.
+        embedding: its `ShardedEmbedding`.
+        tower: its query tower (`rk.layers.MLP`).
+        query_features: names of the query side's features.
+        **kwargs: base Model arguments (`name`).
+
+    Example:
+
+    ```python
+    queries = two_tower_model.query_model()
+    embeddings = queries.predict(users, batch_size=4096)     # [N, D]
+    ```
+    """
+
+    def __init__(self, columns: FeatureColumns, embedding: ShardedEmbedding, tower: MLP,
+                 query_features: list[str], **kwargs: Any):
+        super().__init__(**kwargs)
+        self.columns, self.embedding, self.tower = columns, embedding, tower
+        self.query_features = list(query_features)
+        self._side = _side_columns(columns, self.query_features)
+
+    def call(self, inputs: dict, training: bool = False) -> torch.Tensor:
+        dense, sparse = self.columns(inputs)
+        embedded = self.embedding(sparse, training=training)
+        return _tower_output(self.tower, self._side, dense, embedded, training)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "query_features": self.query_features,
+                **{key: keras.saving.serialize_keras_object(getattr(self, key))
+                   for key in ("columns", "embedding", "tower")}}
+
+    @classmethod
+    def from_config(cls, config: dict) -> QueryTower:
+        config = dict(config)
+        for key in ("columns", "embedding", "tower"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+
+def two_tower(columns: FeatureColumns, query_features: _Sequence[str],
+              candidate_features: _Sequence[str], candidate_id: str | None = None,
+              query_units: _Sequence[int] = (64, 32),
+              candidate_units: _Sequence[int] | None = None, share_tables: bool = True,
+              loss: str = "softmax", temperature: float = 0.05, margin: float = 0.0,
+              negative_weight: float = 1.0, logq_correction: bool = True,
+              negatives: NegativeSampler | None = None, frequency_buckets: int = 2**20,
+              frequency_alpha: float = 0.01, dropout: float = 0.0, norm: str | None = None,
+              embedding_l2: float = 0.0,
+              table_options: dict[str, Any] | None = None) -> TwoTower:
+    """An uncompiled two-tower retrieval model over `columns`.
+
+    The query features (pooled embeddings and numeric columns) go through
+    the query tower, the candidate features through the candidate tower;
+    both outputs are L2-normalized, so a score is a cosine. It trains with
+    `fit` on interaction rows (a query's features and its positive
+    candidate's), without labels: each row's negatives are the other
+    candidates of the batch (of the global batch under torchrun, gathered
+    from every rank), plus `negatives.num_negatives` sampled ids when a
+    `negatives` sampler is given; a negative with the positive's id (an
+    accidental hit) is left out.
+
+    Args:
+        columns: a `rk.layers.FeatureColumns` holding both sides' features
+            (sparse ones pooled).
+        query_features: names of the query side's features.
+        candidate_features: names of the candidate side's features.
+        candidate_id: the candidate's id Categorical (default: the first of
+            `candidate_features`): accidental hits, the frequency estimate,
+            sampled negatives and `candidate_embeddings` read it.
+        query_units: widths of the query tower's layers (ReLU between, the
+            last linear): its last width is the embedding size.
+        candidate_units: widths of the candidate tower (default
+            `query_units`); the last must equal the query tower's.
+        share_tables: features of both sides on one table name share its
+            rows (e.g. a history of items and the candidate item); False
+            gives the candidate side tables of its own (`<table>:candidate`).
+        loss: `"softmax"` (sampled softmax over the candidates),
+            `"bpr"` or `"cosine_contrastive"` (SimpleX).
+        temperature: the softmax logits are the cosines over it.
+        margin: the cosine contrastive loss's margin.
+        negative_weight: the cosine contrastive loss's negative weight.
+        logq_correction: with the softmax, subtract each candidate's log
+            sampling probability: a `rk.retrieval.FrequencyEstimator` for
+            the in-batch candidates (updated by every training step), the
+            sampler's own for sampled ones.
+        negatives: a `rk.retrieval.NegativeSampler` of extra negatives (the
+            candidate tower must read the id alone), or None.
+        frequency_buckets: the estimator's hashed array size.
+        frequency_alpha: the estimator's learning rate.
+        dropout: dropout rate after each hidden layer of the towers.
+        norm: normalization of the towers' hidden layers: `None`,
+            `"batch"` or `"layer"`.
+        embedding_l2: the L2 factor of a regularizer on every table (as in
+            the other zoo models); 0 adds none.
+        table_options: per-table options, passed to `ShardedEmbedding`.
+
+    Returns:
+        A `TwoTower` (an `rk.Model`): `predict` gives `{"query": [B, D],
+        "candidate": [B, D]}`; `candidate_embeddings(ids)` the corpus side;
+        `query_model()` the query tower alone.
+
+    Raises:
+        ValueError: for unknown or overlapping feature names, a
+            `candidate_id` that is not an id Categorical of the candidate
+            side, towers of different last widths, bad loss or tower options.
+
+    Example:
+
+    ```python
+    columns = rk.layers.FeatureColumns([
+        rk.features.Categorical("user", dim=32),
+        rk.features.Sequence("history", dim=32, max_len=50, table="item"),
+        rk.features.Categorical("item", dim=32, table="item")])
+    model = rk.models.two_tower(columns, ["user", "history"], ["item"],
+                                query_units=(64, 32), temperature=0.05)
+    model.compile(optimizer="adam",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    model.fit(interactions, batch_size=1024)
+    ```
+    """
+    return TwoTower(columns, list(query_features), list(candidate_features),
+                    candidate_id=candidate_id, query_units=query_units,
+                    candidate_units=candidate_units, share_tables=share_tables, loss=loss,
+                    temperature=temperature, margin=margin,
+                    negative_weight=negative_weight, logq_correction=logq_correction,
+                    negatives=negatives, frequency_buckets=frequency_buckets,
+                    frequency_alpha=frequency_alpha, dropout=dropout, norm=norm,
+                    embedding_l2=embedding_l2, table_options=table_options,
+                    name="two_tower")

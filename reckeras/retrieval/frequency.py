@@ -1,0 +1,140 @@
+"""A streaming estimate of how often each candidate id is trained on.
+
+In-batch negatives are drawn by the data: a popular item is everyone's
+negative far more often than a rare one, and the softmax learns to push it
+down. Yi et al. (RecSys 2019, "Sampling-bias-corrected neural modeling for
+large corpus item recommendations") correct each candidate's logit by
+`- log q`, its sampling probability, estimated while streaming: per hash
+bucket of the id, `A` holds the last step the id was seen and `B` a moving
+average of the steps between two sightings; `q = 1 / B`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import keras
+import torch
+
+from reckeras.backend_kernels.hashing import mix64_reference
+
+
+@keras.saving.register_keras_serializable(package="reckeras")
+class FrequencyEstimator(keras.layers.Layer):
+    """Streaming estimate of each id's sampling probability (Yi et al. 2019).
+
+    Every id hashes to one of `num_buckets` buckets. A training call counts
+    one step `t` and, for every bucket `h` of the batch's ids, moves the
+    bucket's gap estimate toward the steps since its last sighting:
+    `B[h] = (1 - alpha) * B[h] + alpha * (t - A[h])`, then `A[h] = t`. The
+    call returns `log q = -log B[h]` of every id, after the update.
+
+    Duplicates in a batch: the batch's ids are taken one after the other
+    at the same step, as the paper's per-example loop does. An id seen `c`
+    times contributes one gap `t - A[h]` and `c - 1` gaps of 0, so its
+    bucket ends at `(1 - alpha)**c * B[h] + alpha * (1 - alpha)**(c - 1) *
+    (t - A[h])` whatever the order: the update is computed in that closed
+    form over the distinct buckets (one vectorized step, deterministic).
+    Ids that share a bucket count as one id.
+
+    `A`, `B` and the step count are non-trainable weights: they save with
+    the model (`model.save`, `get_weights`). `B` starts at 0: an estimate
+    needs about `1 / alpha` sightings to forget its start.
+
+    Args:
+        num_buckets: size of the hashed arrays `A` and `B`.
+        alpha: the moving average's learning rate, in `(0, 1]`.
+        **kwargs: base Layer arguments (`name`, ...).
+
+    Call arguments:
+        ids: int64 ids, any shape.
+        training: update the estimate with `ids` first (one step).
+
+    Returns:
+        float32 `log q` of every id, shaped as `ids`.
+
+    Example:
+
+    ```python
+    estimator = rk.retrieval.FrequencyEstimator(num_buckets=2**20, alpha=0.01)
+    log_q = estimator(item_ids, training=True)     # counts one step
+    logits = logits - log_q[None, :]               # logQ correction
+    ```
+    """
+
+    def __init__(self, num_buckets: int = 2**20, alpha: float = 0.01, **kwargs: Any):
+        super().__init__(**kwargs)
+        if (not isinstance(num_buckets, numbers.Integral) or isinstance(num_buckets, bool)
+                or num_buckets < 1):
+            raise ValueError(f"FrequencyEstimator {self.name!r}: num_buckets must be a "
+                             f"positive int, got {num_buckets!r}")
+        if (not isinstance(alpha, numbers.Real) or isinstance(alpha, bool)
+                or not 0.0 < float(alpha) <= 1.0):
+            raise ValueError(f"FrequencyEstimator {self.name!r}: alpha must be in (0, 1], "
+                             f"got {alpha!r}")
+        self.num_buckets = int(num_buckets)
+        self.alpha = float(alpha)
+        self.last_step = self.add_weight(shape=(self.num_buckets,), initializer="zeros",
+                                         dtype="int64", trainable=False, name="last_step")
+        self.gap = self.add_weight(shape=(self.num_buckets,), initializer="zeros",
+                                   dtype="float32", trainable=False, name="gap")
+        self.step = self.add_weight(shape=(), initializer="zeros", dtype="int64",
+                                    trainable=False, name="step")
+
+    def buckets(self, ids: torch.Tensor) -> torch.Tensor:
+        """The bucket of every id: its 64-bit mix, modulo `num_buckets`.
+
+        Args:
+            ids: int64 ids.
+
+        Returns:
+            int64 buckets in `[0, num_buckets)`, shaped as `ids`.
+        """
+        return torch.remainder(mix64_reference(ids.to(torch.int64)), self.num_buckets)
+
+    def update(self, ids: torch.Tensor) -> None:
+        """Counts one step in which `ids` were seen (see the class docstring).
+
+        Args:
+            ids: int64 ids of one step, any shape.
+        """
+        with torch.no_grad():
+            step = self.step.value
+            step.add_(1)
+            buckets, counts = torch.unique(self.buckets(ids).reshape(-1),
+                                           return_counts=True)
+            last, gap = self.last_step.value, self.gap.value
+            since = (step - last[buckets]).to(torch.float32)
+            keep = 1.0 - self.alpha
+            counts = counts.to(torch.float32)
+            gap[buckets] = (keep ** counts * gap[buckets]
+                            + self.alpha * keep ** (counts - 1) * since)
+            last[buckets] = step
+
+    def log_probability(self, ids: torch.Tensor) -> torch.Tensor:
+        """`log q = -log B` of every id, without updating anything.
+
+        A bucket never seen (`B = 0`) reads as `q = 1`: no correction.
+
+        Args:
+            ids: int64 ids.
+
+        Returns:
+            float32 `log q`, shaped as `ids`.
+        """
+        gap = self.gap.value[self.buckets(ids)]
+        return -torch.log(torch.where(gap > 0, gap, torch.ones_like(gap)))
+
+    def call(self, ids: Any, training: bool = False) -> torch.Tensor:
+        ids = torch.as_tensor(ids)
+        if training:
+            self.update(ids)
+        return self.log_probability(ids)
+
+    def compute_output_spec(self, ids: Any, training: bool = False) -> keras.KerasTensor:
+        return keras.KerasTensor(ids.shape, dtype="float32")
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "num_buckets": self.num_buckets,
+                "alpha": self.alpha}
