@@ -223,6 +223,9 @@ class TwoTower(Model):
         Returns:
             The scalar loss.
         """
+        if x is None:
+            raise ValueError("a two_tower model's loss reads the candidate ids from the "
+                             "inputs: compute_loss needs x")
         query, ids = y_pred["query"], torch.as_tensor(x[self.candidate_id]).to(torch.int64)
         candidates, candidate_ids, _, offset = cross_rank.gather_candidates(
             y_pred["candidate"], ids.to(y_pred["candidate"].device), None)
@@ -255,12 +258,19 @@ class TwoTower(Model):
         return total
 
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
-                **kwargs: Any) -> None:
+                embedding_optimizer: Any = None, metrics: list | None = None,
+                nonfinite: str = "raise", steps_per_execution: int = 1,
+                jit_compile: bool | str = "auto", **kwargs: Any) -> None:
         """`rk.Model.compile` without a `loss`: the model brings its own.
 
         Args:
             optimizer: Keras optimizer of the dense weights.
             loss: must be None (the loss is `two_tower`'s `loss` argument).
+            embedding_optimizer: as in `rk.Model.compile`.
+            metrics: as in `rk.Model.compile`.
+            nonfinite: as in `rk.Model.compile`.
+            steps_per_execution: as in `rk.Model.compile`.
+            jit_compile: as in `rk.Model.compile`.
             **kwargs: `rk.Model.compile`'s other arguments.
 
         Raises:
@@ -270,7 +280,10 @@ class TwoTower(Model):
             raise ValueError(f"a two_tower model trains with the loss it was built with "
                              f"({self.loss_name!r}, see two_tower's loss argument); "
                              f"compile it without loss=, got {loss!r}")
-        super().compile(optimizer=optimizer, loss=None, **kwargs)
+        super().compile(optimizer=optimizer, loss=None,
+                        embedding_optimizer=embedding_optimizer, metrics=metrics,
+                        nonfinite=nonfinite, steps_per_execution=steps_per_execution,
+                        jit_compile=jit_compile, **kwargs)
 
     def candidate_embeddings(self, item_ids: Any, batch_size: int = 65536) -> np.ndarray:
         """The candidate tower's embedding of every id, chunk by chunk.
@@ -295,7 +308,7 @@ class TwoTower(Model):
             raise ValueError(f"candidate_embeddings needs a candidate tower of the id "
                              f"{self.candidate_id!r} alone, got {inputs}; predict on "
                              f"the candidates' rows and read the 'candidate' output")
-        ids = torch.as_tensor(np.asarray(item_ids, dtype=np.int64))
+        ids = torch.from_numpy(np.array(item_ids, dtype=np.int64))   # a writable copy
         device = _keras_compat.keras_device()
         with torch.no_grad():
             chunks = [self._id_embeddings(ids[start:start + batch_size].to(device), False)

@@ -83,7 +83,8 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         self.nonfinite = "raise"
         # Set by compile; an uncompiled model saves without them.
         self.embedding_optimizer = None
-        self._group_metrics, self._group_outputs = [], []
+        self._group_metrics: list = []
+        self._group_outputs: list = []
         self.pipeline_stats: dict[str, Any] = {}
         self.loop_state = loops.LoopState()
 

@@ -22,8 +22,12 @@ scores, top = rk.retrieval.exact_top_k(user_vectors, item_vectors, 20,
 
 from reckeras.retrieval.cross_rank import gather_candidates
 from reckeras.retrieval.frequency import FrequencyEstimator
-from reckeras.retrieval.losses import (accidental_hits, bpr_loss, cosine_contrastive_loss,
-                                       sampled_softmax_loss)
+from reckeras.retrieval.losses import (
+    accidental_hits,
+    bpr_loss,
+    cosine_contrastive_loss,
+    sampled_softmax_loss,
+)
 from reckeras.retrieval.negatives import NegativeSampler
 from reckeras.retrieval.topk import BruteForceTopK, all_gather_top_k, exact_top_k, merge_top_k
 

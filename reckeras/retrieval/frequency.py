@@ -73,14 +73,16 @@ class FrequencyEstimator(keras.layers.Layer):
                 or not 0.0 < float(alpha) <= 1.0):
             raise ValueError(f"FrequencyEstimator {self.name!r}: alpha must be in (0, 1], "
                              f"got {alpha!r}")
-        self.num_buckets = int(num_buckets)
-        self.alpha = float(alpha)
-        self.last_step = self.add_weight(shape=(self.num_buckets,), initializer="zeros",
-                                         dtype="int64", trainable=False, name="last_step")
-        self.gap = self.add_weight(shape=(self.num_buckets,), initializer="zeros",
-                                   dtype="float32", trainable=False, name="gap")
-        self.step = self.add_weight(shape=(), initializer="zeros", dtype="int64",
-                                    trainable=False, name="step")
+        self.num_buckets: int = int(num_buckets)
+        self.alpha: float = float(alpha)
+        buckets = (self.num_buckets,)
+        self.last_step: keras.Variable = self.add_weight(
+            shape=buckets, initializer="zeros", dtype="int64", trainable=False,
+            name="last_step")
+        self.gap: keras.Variable = self.add_weight(
+            shape=buckets, initializer="zeros", dtype="float32", trainable=False, name="gap")
+        self.step: keras.Variable = self.add_weight(
+            shape=(), initializer="zeros", dtype="int64", trainable=False, name="step")
 
     def buckets(self, ids: torch.Tensor) -> torch.Tensor:
         """The bucket of every id: its 64-bit mix, modulo `num_buckets`.

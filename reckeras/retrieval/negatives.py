@@ -68,16 +68,16 @@ class NegativeSampler:
                                  f"per item id ({len(ids)}), not all 0")
             weights = counts ** float(power)
             probability = weights / weights.sum()
-        self.item_ids = ids.astype(np.int64)
-        self.counts = counts
-        self.num_negatives = int(num_negatives)
-        self.power = float(power)
-        self.seed = int(seed)
-        self._ids = torch.as_tensor(self.item_ids)
-        self._cumulative = torch.as_tensor(np.cumsum(probability))
+        self.item_ids: np.ndarray = ids.astype(np.int64)
+        self.counts: np.ndarray | None = counts
+        self.num_negatives: int = int(num_negatives)
+        self.power: float = float(power)
+        self.seed: int = int(seed)
+        self._ids: torch.Tensor = torch.as_tensor(self.item_ids)
+        self._cumulative: torch.Tensor = torch.as_tensor(np.cumsum(probability))
         with np.errstate(divide="ignore"):      # an item of count 0 is never drawn
             log_q = np.log(self.num_negatives * probability)
-        self._log_q = torch.as_tensor(log_q, dtype=torch.float32)
+        self._log_q: torch.Tensor = torch.as_tensor(log_q, dtype=torch.float32)
         self._generators: dict[int, torch.Generator] = {}
 
     def sample(self, stream: int = 0,
