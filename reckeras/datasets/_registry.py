@@ -42,7 +42,7 @@ def list() -> builtins.list[str]:  # noqa: A001 - the public name is rk.datasets
 
 
 # What generate("criteo_stream", ...) takes besides path and seed.
-_STREAM_OPTIONS = ("rows_per_day", "days", "start")
+_STREAM_OPTIONS = ("rows_per_day", "days", "start", "vocabulary")
 
 
 def _spec(name: str, split: str) -> _synth._SyntheticSpec | None:
@@ -150,8 +150,9 @@ def generate(name: str, rows: int | None = None,
             of a split; None for the packaged rows (for "criteo_stream": the
             seed of its drift and rows, None for 0).
         **options: for "criteo_stream" only: `rows_per_day` (default
-            100,000), `days` (default 7) and `start` (the first date,
-            default "2026-12-01").
+            100,000), `days` (default 7), `start` (the first date,
+            default "2026-12-01") and `vocabulary` (`"criteo"`, the
+            default, or `"production"`).
 
     Returns:
         A `Dataset` over the written file (for "criteo_stream", over the

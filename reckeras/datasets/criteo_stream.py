@@ -21,6 +21,14 @@ parameters of its own, and changes from one day to the next:
   weight times a factor drawn from U(0.25, 1.75), kept until it changes
   again.
 
+`vocabulary="production"` gives the stream the shape of production logs,
+where the tables dominate a checkpoint and a day touches a small part of
+them: the five large fields (`C3`, `C12`, `C16`, `C21`, `C24`) hold
+`PRODUCTION_VOCABULARY_SCALE` times criteo_synth's ids (2 to 10 million)
+under a flat Zipf law (exponent `PRODUCTION_ZIPF_EXPONENT`), so that most
+of their ids are seen once or twice, and each day brings many never seen
+before. The other fields, the drift and the teacher's form are the same.
+
 Each day's file footer describes that day (`Dataset.metadata` of the
 day's window): the date, the ids replaced per field, the features
 reweighted and every feature's weight factor, and `bayes_auc`, the AUC of
@@ -38,6 +46,7 @@ import datetime
 import functools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +87,55 @@ _WEIGHT_FACTOR_RANGE = (0.25, 1.75)
 
 # The columns, pairs and scales are criteo_synth's.
 _SPEC = SPECS["criteo_synth"]
+VOCABULARIES = ("criteo", "production")
+# vocabulary="production": fields of at least _LARGE_FIELD ids get this many
+# times their ids, drawn under this Zipf exponent.
+PRODUCTION_VOCABULARY_SCALE = 10
+PRODUCTION_ZIPF_EXPONENT = 1.05
+_LARGE_FIELD = 100_000
 _FEATURES = tuple(c.name for c in _SPEC.categoricals) + tuple(
     c.name for c in _SPEC.numerics if c.shape != "none")
 
 
+def stream_spec(vocabulary: str = "criteo") -> Any:
+    """The columns, vocabularies and teacher scales of a stream.
+
+    Args:
+        vocabulary: `"criteo"` (criteo_synth's) or `"production"` (its large
+            fields `PRODUCTION_VOCABULARY_SCALE` times larger, with a flat
+            Zipf law; see the module docstring).
+
+    Returns:
+        The stream's `_synth` spec.
+
+    Raises:
+        ValueError: for another `vocabulary`.
+
+    Example:
+
+    ```python
+    from reckeras.datasets.criteo_stream import stream_spec
+
+    {c.name: c.cardinality for c in stream_spec("production").categoricals}["C3"]
+    # 10000000
+    ```
+    """
+    if vocabulary not in VOCABULARIES:
+        raise ValueError(f"vocabulary must be one of {VOCABULARIES}, got {vocabulary!r}")
+    if vocabulary == "criteo":
+        return _SPEC
+    return dataclasses.replace(_SPEC, categoricals=tuple(
+        dataclasses.replace(col, cardinality=col.cardinality * PRODUCTION_VOCABULARY_SCALE,
+                            zipf_exponent=PRODUCTION_ZIPF_EXPONENT)
+        if col.cardinality >= _LARGE_FIELD else col for col in _SPEC.categoricals))
+
+
 @dataclasses.dataclass(frozen=True)
 class _StreamConstants:
-    """What stays fixed over the days: popularity, scatter, pair weights."""
+    """What stays fixed over the days: the columns, popularity, scatter,
+    pair weights."""
 
+    spec: Any
     cdf: dict[str, np.ndarray]
     signal: dict[str, np.ndarray]
     missing_latent: dict[str, np.ndarray]
@@ -165,7 +215,7 @@ class DayTeacher:
             The logit of every row, float64. An id this day's teacher does
             not hold (retired, or not yet born) has no effect.
         """
-        spec = _SPEC
+        spec = self.common.spec
         logit = spec.bias + numeric_term(spec, columns, self.weights)
         latents = {}
         for col in spec.categoricals:
@@ -199,7 +249,8 @@ class DayTeacher:
         ```
         """
         columns = {}
-        for col in (*_SPEC.numerics, *_SPEC.categoricals):
+        spec = self.common.spec
+        for col in (*spec.numerics, *spec.categoricals):
             column = table[col.name]
             columns[col.name] = (column.fill_null(0).to_numpy(),
                                  column.is_null().to_numpy())
@@ -215,8 +266,9 @@ class DayTeacher:
         Returns:
             `{name: array or (values, missing mask)}` for `table_of`.
         """
-        columns = draw_numerics(_SPEC, rng, num_rows)
-        for col in _SPEC.categoricals:
+        spec = self.common.spec
+        columns = draw_numerics(spec, rng, num_rows)
+        for col in spec.categoricals:
             ranks, missing = draw_ranks(self.common.cdf[col.name], col, rng, num_rows)
             columns[col.name] = (self.ids[col.name][ranks], missing)
         prob = 1.0 / (1.0 + np.exp(-self.logit(columns)))
@@ -236,7 +288,8 @@ class DayTeacher:
         slots, next_slot, latent, replaced = {}, {}, {}, {}
         keep = np.float32(EFFECT_CORRELATION)
         step = np.float32(np.sqrt(1.0 - EFFECT_CORRELATION ** 2))
-        for col in _SPEC.categoricals:
+        spec = self.common.spec
+        for col in spec.categoricals:
             name = col.name
             signal = self.common.signal[name][:, None]
             retired = rng.random(col.cardinality) < ID_CHURN
@@ -247,7 +300,7 @@ class DayTeacher:
             noise = rng.standard_normal(self.latent[name].shape, dtype=np.float32)
             latent[name] = keep * self.latent[name] + step * signal * noise
             latent[name][retired] = signal[retired] * rng.standard_normal(
-                (count, _SPEC.latent_dim), dtype=np.float32)
+                (count, spec.latent_dim), dtype=np.float32)
             replaced[name] = count
         chosen = rng.choice(len(_FEATURES), REWEIGHTED_PER_DAY, replace=False)
         factors = rng.uniform(*_WEIGHT_FACTOR_RANGE, size=REWEIGHTED_PER_DAY)
@@ -258,43 +311,45 @@ class DayTeacher:
                           self.common)
 
 
-def _first_day(seed: int) -> DayTeacher:
+def _first_day(seed: int, spec: Any) -> DayTeacher:
     rng = np.random.default_rng([TEACHER_SEED, seed, 0, 0])
     cdf, signal, missing_latent, id_scatter, latent = {}, {}, {}, {}, {}
-    for col in _SPEC.categoricals:
+    for col in spec.categoricals:
         cdf[col.name], signal[col.name] = popularity(col)
         latent[col.name] = signal[col.name][:, None] * rng.standard_normal(
-            (col.cardinality, _SPEC.latent_dim), dtype=np.float32)
+            (col.cardinality, spec.latent_dim), dtype=np.float32)
         missing_latent[col.name] = rng.standard_normal(
-            _SPEC.latent_dim).astype(np.float32)
+            spec.latent_dim).astype(np.float32)
         # An odd multiplier modulo 2**40 keeps the ids of distinct slots distinct.
         id_scatter[col.name] = (np.uint64(rng.integers(1 << 20, 1 << _ID_BITS) | 1),
                                 np.uint64(rng.integers(0, 1 << _ID_BITS)))
-    signs = rng.choice([-1.0, 1.0], size=len(_SPEC.interaction_pairs))
+    signs = rng.choice([-1.0, 1.0], size=len(spec.interaction_pairs))
     common = _StreamConstants(
-        cdf, signal, missing_latent, id_scatter,
-        signs * _SPEC.interaction_scale / np.sqrt(_SPEC.latent_dim))
+        spec, cdf, signal, missing_latent, id_scatter,
+        signs * spec.interaction_scale / np.sqrt(spec.latent_dim))
     return DayTeacher(
-        0, {c.name: np.arange(c.cardinality, dtype=np.int64) for c in _SPEC.categoricals},
-        {c.name: c.cardinality for c in _SPEC.categoricals}, latent,
-        {c.name: 1.0 for c in (*_SPEC.categoricals, *_SPEC.numerics)},
-        {c.name: 0 for c in _SPEC.categoricals}, {}, common)
+        0, {c.name: np.arange(c.cardinality, dtype=np.int64) for c in spec.categoricals},
+        {c.name: c.cardinality for c in spec.categoricals}, latent,
+        {c.name: 1.0 for c in (*spec.categoricals, *spec.numerics)},
+        {c.name: 0 for c in spec.categoricals}, {}, common)
 
 
-def _teachers(seed: int, days: int) -> list[DayTeacher]:
-    teachers = [_first_day(seed)]
+def _teachers(seed: int, days: int, vocabulary: str) -> Iterator[DayTeacher]:
+    # One day after the other: a production-sized teacher holds ~1 GB.
+    teacher = _first_day(seed, stream_spec(vocabulary))
+    yield teacher
     for day in range(1, days):
-        teachers.append(teachers[-1].next_day(
-            np.random.default_rng([TEACHER_SEED, seed, day, 0])))
-    return teachers
+        teacher = teacher.next_day(np.random.default_rng([TEACHER_SEED, seed, day, 0]))
+        yield teacher
 
 
-def day_teacher(seed: int, day: int) -> DayTeacher:
+def day_teacher(seed: int, day: int, vocabulary: str = "criteo") -> DayTeacher:
     """The hidden teacher of one day of a stream.
 
     Args:
         seed: the stream's seed (`generate`'s; 0 when it was None).
         day: the day's index, 0 for the first.
+        vocabulary: the stream's `vocabulary` (`generate`'s).
 
     Returns:
         Its `DayTeacher`, the same as when the day was written.
@@ -312,7 +367,8 @@ def day_teacher(seed: int, day: int) -> DayTeacher:
     """
     if isinstance(day, bool) or not isinstance(day, int) or day < 0:
         raise ValueError(f"day must be an int >= 0, got {day!r}")
-    return _teachers(seed, day + 1)[-1]
+    *_, teacher = _teachers(seed, day + 1, vocabulary)
+    return teacher
 
 
 def _check_count(name: str, value: Any) -> int:
@@ -322,10 +378,10 @@ def _check_count(name: str, value: Any) -> int:
 
 
 def _description(teacher: DayTeacher, date: str, rows: int, days: int, seed: int,
-                 bayes_auc: float) -> dict[str, Any]:
+                 vocabulary: str, bayes_auc: float) -> dict[str, Any]:
     return {
         "name": NAME, "day": teacher.day, "dt": date, "days": days, "rows": rows,
-        "seed": seed,
+        "seed": seed, "vocabulary": vocabulary,
         "description": (
             "Criteo-like daily click log (criteo_synth's columns) whose hidden "
             "teacher drifts: ids are replaced by new ones, per-id effects take "
@@ -338,14 +394,15 @@ def _description(teacher: DayTeacher, date: str, rows: int, days: int, seed: int
         "replaced_ids": teacher.replaced,
         "reweighted": teacher.reweighted,
         "weights": teacher.weights,
-        "cardinalities": {c.name: c.cardinality for c in _SPEC.categoricals},
+        "cardinalities": {c.name: c.cardinality for c in teacher.common.spec.categoricals},
     }
 
 
 def generate_criteo_stream(path: str | os.PathLike,
                            rows_per_day: int = DEFAULT_ROWS_PER_DAY,
                            days: int = DEFAULT_DAYS, seed: int | None = None,
-                           start: str | datetime.date = DEFAULT_START) -> Dataset:
+                           start: str | datetime.date = DEFAULT_START,
+                           vocabulary: str = "criteo") -> Dataset:
     """Writes `days` days of `criteo_stream`, one hive partition per day.
 
     Day d goes to `path/dt=<start + d days>/part-0.parquet` (ISO dates, so
@@ -364,6 +421,9 @@ def generate_criteo_stream(path: str | os.PathLike,
         days: the number of days.
         seed: seed of the teacher's drift and of the rows; None for 0.
         start: the first day's date, `"YYYY-MM-DD"` or a `datetime.date`.
+        vocabulary: `"criteo"` (criteo_synth's vocabularies) or
+            `"production"` (the large fields 10x larger with flat Zipf
+            tails, see the module docstring).
 
     Returns:
         A `Dataset` named "criteo_stream" over the days written, with the
@@ -371,7 +431,7 @@ def generate_criteo_stream(path: str | os.PathLike,
 
     Raises:
         ValueError: for a non-positive `rows_per_day` or `days`, a negative
-            `seed`, or a `start` that is not a date.
+            `seed`, a `start` that is not a date, or an unknown `vocabulary`.
 
     Example:
 
@@ -392,21 +452,22 @@ def generate_criteo_stream(path: str | os.PathLike,
             datetime.date.fromisoformat(start)
     except (TypeError, ValueError) as error:
         raise ValueError(f"start must be a date 'YYYY-MM-DD', got {start!r}") from error
+    stream_spec(vocabulary)                  # checked before anything is written
     base = Path(os.path.abspath(path))
     files = [_write_day(base, teacher,
                         (first + datetime.timedelta(days=teacher.day)).isoformat(),
-                        rows_per_day, days, seed)
-             for teacher in _teachers(seed, days)]
+                        rows_per_day, days, seed, vocabulary)
+             for teacher in _teachers(seed, days, vocabulary)]
     return open_files(files, NAME, partition_base_dir=base)
 
 
 def _write_day(base: Path, teacher: DayTeacher, date: str, rows: int, days: int,
-               seed: int) -> Path:
+               seed: int, vocabulary: str) -> Path:
     labels, probabilities = [], []
 
     def make_chunk(chunk):
         rng = np.random.default_rng([TEACHER_SEED, seed, teacher.day, 1, chunk])
-        return table_of(teacher.make_rows(rng, CHUNK_ROWS), schema(_SPEC))
+        return table_of(teacher.make_rows(rng, CHUNK_ROWS), schema(teacher.common.spec))
 
     def recorded(tables):
         for table in tables:
@@ -418,8 +479,9 @@ def _write_day(base: Path, teacher: DayTeacher, date: str, rows: int, days: int,
         # The Bayes AUC needs every row of the day: it goes into the footer.
         auc = roc_auc(np.concatenate(labels), np.concatenate(probabilities))
         return {METADATA_KEY: json.dumps(
-            _description(teacher, date, rows, days, seed, auc), sort_keys=True)}
+            _description(teacher, date, rows, days, seed, vocabulary, auc),
+            sort_keys=True)}
 
-    return write_tables(base / f"dt={date}" / "part-0.parquet", schema(_SPEC),
+    return write_tables(base / f"dt={date}" / "part-0.parquet", schema(teacher.common.spec),
                         recorded(chunks(make_chunk, rows)), rows, f"{NAME}:{date}",
                         footer)

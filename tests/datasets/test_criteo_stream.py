@@ -176,3 +176,34 @@ def test_not_packaged_and_other_datasets_take_no_options(tmp_path):
         rkd.generate("criteo_synth", 10, tmp_path / "x.parquet", days=2)
     with pytest.raises(ValueError, match="path"):
         rkd.generate("criteo_stream", days=2)
+
+
+def test_production_vocabulary_scales_the_large_fields_only():
+    spec = criteo_stream.stream_spec("production")
+    for col in spec.categoricals:
+        if CARDINALITY[col.name] >= 100_000:
+            assert col.cardinality == 10 * CARDINALITY[col.name]
+            assert col.zipf_exponent == criteo_stream.PRODUCTION_ZIPF_EXPONENT
+        else:
+            assert col == COLUMNS[col.name]
+    assert max(c.cardinality for c in spec.categoricals) == 10_000_000
+    assert criteo_stream.stream_spec("criteo") is SPECS["criteo_synth"]
+    with pytest.raises(ValueError, match="vocabulary must be one of"):
+        rkd.generate("criteo_stream", path="/nonexistent/never-written", days=1,
+                     vocabulary="huge")
+
+
+@pytest.mark.slow
+def test_a_production_day_brings_mostly_new_ids_of_the_large_fields(tmp_path):
+    stream = rkd.generate("criteo_stream", path=tmp_path / "p", rows_per_day=20_000,
+                          days=2, seed=SEED, vocabulary="production")
+    first, second = [day.to_table() for day in stream.windows("dt")]
+    assert stream.metadata["vocabulary"] == "production"
+    assert stream.metadata["cardinalities"]["C3"] == 10_000_000
+    # Flat tails: most of a large field's ids of a day were not seen the day
+    # before, where criteo_synth's steep laws repeat them (test above: C6).
+    new = ids_of(second, "C3") - ids_of(first, "C3")
+    assert len(new) > 0.5 * len(ids_of(second, "C3"))
+    teacher = criteo_stream.day_teacher(SEED, 1, "production")
+    np.testing.assert_allclose(second["teacher_prob"].to_numpy(),
+                               teacher.probabilities(second), rtol=1e-6)
