@@ -17,7 +17,7 @@ predictor.predict({"I1": [1.0], "C1": [42]})
 ```
 """
 
-from reckeras.serving.artifact import ArtifactError
-from reckeras.serving.predictor import Predictor, load
+from reckeras.serving.artifact import ArtifactError, DeltaError
+from reckeras.serving.predictor import Predictor, ServedVersion, load
 
-__all__ = ["ArtifactError", "Predictor", "load"]
+__all__ = ["ArtifactError", "DeltaError", "Predictor", "ServedVersion", "load"]
