@@ -187,7 +187,10 @@ def inputs(table, start, stop):
 def test_health(served):
     server = served.server
     response = server.client.get("/health")
-    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    version = json.load(open(os.path.join(served.path, "manifest.json")))["version"]
+    answer = response.json()
+    assert response.status_code == 200 and answer["status"] == "ok"
+    assert answer["version"] == version and 0 <= answer["rows_age_s"] < 3600
 
 
 def test_row_format_predictions_equal_model_predict(served):
@@ -247,6 +250,7 @@ def test_metadata_lists_features_columns_and_versions(served):
     assert described["columns"] == ["n", "v", "a", "b", "z", "s", "w"]
     assert described["outputs"] is None
     assert described["format"] == "reckeras-serving" and described["rows"] == "float32"
+    assert described["version"] == server.client.get("/health").json()["version"]
     assert described["versions"]["reckeras"] == rk.__version__
     assert set(described["versions"]) >= {"reckeras", "torch"}
 
