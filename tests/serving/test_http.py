@@ -396,7 +396,7 @@ def test_unexpected_failure_is_a_500_and_the_next_request_succeeds(served):
 
     table, expected, path = served.table, served.expected, served.path
     predictor = reckeras.serving.load(path)
-    real_predict, calls = predictor.predict, []
+    real_predict, calls = predictor.predict_with_version, []
 
     def failing_once(batch):
         calls.append(len(calls))
@@ -404,7 +404,7 @@ def test_unexpected_failure_is_a_500_and_the_next_request_succeeds(served):
             raise RuntimeError("the kernel fell over")
         return real_predict(batch)
 
-    predictor.predict = failing_once
+    predictor.predict_with_version = failing_once
     with TestClient(create_app(predictor)) as client:
         failed = client.post("/predict", json=instances(table, 0, 4))
         assert failed.status_code == 500
