@@ -3,9 +3,12 @@
 `rk.Model.export_serving(path)` writes the artifact (feature specs with their
 adapted statistics, the tables' rows, the dense network as a `torch.export`
 program, a manifest with checksums); `load(path)` returns a `Predictor`
-whose `predict` takes raw columns and returns numpy. Importing this package
+whose `predict` takes raw columns and returns numpy. After more training,
+`export_serving(path, base=...)` writes a delta, which
+`Predictor.apply_delta` applies atomically between requests (`DeltaError`
+when it is damaged, partial or out of order). Importing this package
 imports no Keras. `python -m reckeras.serving PATH --port N` serves it over
-HTTP.
+HTTP (`--watch DIR` and `--admin-port N` take deltas).
 
 Example:
 

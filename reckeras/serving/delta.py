@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -128,6 +129,6 @@ def merged(state: TableState, keys: torch.Tensor, rows: torch.Tensor,
     kept = gone[at] != old_keys if gone.numel() else torch.ones_like(old_keys, dtype=torch.bool)
     old_rows = torch.as_tensor(state.weights)
     new_keys = torch.cat([old_keys[kept], keys])
-    return TableState(state.layout, new_keys,
-                      torch.cat([old_rows[kept], rows.to(old_rows.dtype)]),
-                      torch.zeros(new_keys.numel(), 0))
+    return TableState(state.layout, new_keys.numpy(),
+                      torch.cat([old_rows[kept], rows.to(old_rows.dtype)]).numpy(),
+                      np.zeros((new_keys.numel(), 0), np.float32))

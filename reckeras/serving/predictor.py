@@ -115,7 +115,8 @@ class Predictor:
             for table, layout in enumerate(engine.table_layouts()):
                 keys, rows, _ = delta.table_rows(self.path, layer["tables"][table]["files"],
                                                  artifact.ArtifactError)
-                states.append(TableState(layout, keys, rows, torch.zeros(keys.numel(), 0)))
+                states.append(TableState(layout, keys.numpy(), rows.numpy(),
+                                         np.zeros((keys.numel(), 0), np.float32)))
             engine.load_table_states(states)
             layers.append((packing, engine, layer["output"]))
         self._served = self._version(manifest, tuple(layers), module)

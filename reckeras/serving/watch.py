@@ -61,7 +61,7 @@ class DeltaWatcher:
 
     def _candidates(self) -> dict[str, str]:
         """`{base version: delta directory}` of the deltas here now."""
-        found = {}
+        found: dict[str, str] = {}
         for name in sorted(os.listdir(self.directory)):
             if name.endswith((".tmp", ".old")):
                 continue
@@ -71,8 +71,9 @@ class DeltaWatcher:
                     manifest = json.load(f)
             except (OSError, ValueError):      # not a delta, or not finished
                 continue
-            if isinstance(manifest, dict) and manifest.get("kind") == "delta":
-                found[manifest.get("base")] = path
+            if isinstance(manifest, dict) and manifest.get("kind") == "delta" \
+                    and isinstance(manifest.get("base"), str):
+                found[manifest["base"]] = path
         return found
 
     def poll(self) -> list[str]:

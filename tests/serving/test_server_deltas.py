@@ -20,7 +20,7 @@ from reckeras.serving.watch import DeltaWatcher
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_delta import QUERY, build, train  # noqa: E402
-from test_http import environment, free_port  # noqa: E402
+from test_http import environment, free_port
 
 TOKEN = "s3cret-token-of-the-admin"
 
@@ -43,7 +43,7 @@ def chain(tmp_path_factory):
     return paths, versions, expected
 
 
-def test_the_watcher_applies_deltas_in_chain_order(chain, tmp_path, caplog):
+def test_the_watcher_applies_deltas_in_chain_order(chain, tmp_path):
     paths, versions, expected = chain
     predictor = reckeras.serving.load(paths[0])
     watched = tmp_path / "deltas"
@@ -62,9 +62,15 @@ def test_the_watcher_applies_deltas_in_chain_order(chain, tmp_path, caplog):
     data = bytearray((watched / "d" / artifact.table_file(0, 0, 0)).read_bytes())
     data[-3] ^= 0xFF
     (watched / "d" / artifact.table_file(0, 0, 0)).write_bytes(bytes(data))
-    with caplog.at_level(logging.ERROR, logger="reckeras.serving"):
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logging.getLogger("reckeras.serving").addHandler(handler)
+    try:
         assert watcher.poll() == [] and watcher.poll() == []
-    assert [r.message.count("CRC-32") for r in caplog.records] == [1]
+    finally:
+        logging.getLogger("reckeras.serving").removeHandler(handler)
+    assert [r.getMessage().count("CRC-32") for r in records] == [1]
     assert predictor.version == versions[2]
     # Rewritten whole, it is applied by the polling thread.
     shutil.rmtree(watched / "d")
