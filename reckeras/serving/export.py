@@ -121,9 +121,10 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
                 stored["deleted"] = state.deleted
             save_file({"keys": state.keys[kept], **stored},
                       os.path.join(staging, artifact.table_file(index, table, world.rank)))
+    example = _example(model, embedding_layers) if based_on is None else None
     if world.rank == 0:
         if based_on is None:
-            dense_weights = _export_program(model, embedding_layers,
+            dense_weights = _export_program(model, embedding_layers, example,
                                             os.path.join(staging, artifact.PROGRAM))
         else:
             dense_weights = based_on["dense_weights"]
@@ -211,7 +212,9 @@ class _DenseNetwork(torch.nn.Module):
         return _keras_compat.run_functional_graph(self.model, flat, False, replace)
 
 
-def _export_program(model, embedding_layers, filename):
+def _example(model, embedding_layers):
+    """The program's example inputs. Every rank computes them: on several
+    ranks the embedding lookup is a collective."""
     columns = model.feature_columns
     # A copy: encode may hand back read-only views of arrow memory.
     inputs = {name: torch.tensor(value)
@@ -219,6 +222,12 @@ def _export_program(model, embedding_layers, filename):
     with torch.no_grad():
         dense, sparse = columns.pack(inputs)
         embedded = [layer(sparse, training=False) for layer in embedding_layers]
+    return inputs, dense, embedded
+
+
+def _export_program(model, embedding_layers, example, filename):
+    inputs, dense, embedded = example
+    with torch.no_grad():
         network = _DenseNetwork(model, embedding_layers).eval()
         batch = torch.export.Dim.AUTO
         shapes = {"inputs": {name: {0: batch} for name in inputs}, "dense": {0: batch},
