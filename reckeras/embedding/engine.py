@@ -141,6 +141,7 @@ class EmbeddingEngine:
         self.lookup_device = torch.device("cpu")     # of the latest lookup's ids
         self._window_start: tuple[int, int] | None = None   # (rows, evicted) at begin_window
         self._delta_bases: dict[str, int] = {}     # checkpoint id -> the generation it ended
+        self._export: tuple[str, int] | None = None    # latest serving export, its generation
 
     def _store(self, group, init_scale, seed, device):
         """The row store of one physical table, as its tables' options ask."""
@@ -217,16 +218,17 @@ class EmbeddingEngine:
 
         Args:
             checkpoint: the id of a checkpoint `mark_saved` recorded since
-                the last full one (see `delta_bases`).
+                the last full one (`delta_bases`), or `exported`.
 
         Returns:
             One `TableState` per physical table: the rows created or
             trained since, with `deleted` set.
 
         Raises:
-            KeyError: `checkpoint` is not one of `delta_bases`.
+            KeyError: `checkpoint` is neither in `delta_bases` nor `exported`.
         """
-        generation = self._delta_bases[checkpoint]
+        generation = self._export[1] if self._export and checkpoint == self._export[0] \
+            else self._delta_bases[checkpoint]
         return [TableState(layout, **store.export_changes(generation))
                 for store, layout in zip(self.tables, self.table_layouts(), strict=True)]
 
@@ -261,10 +263,27 @@ class EmbeddingEngine:
         if full:
             self._delta_bases = {}
             for store, generation in zip(self.tables, ended, strict=True):
-                store.index.forget_deleted(generation)
+                # The next serving delta needs the keys deleted since its base.
+                store.index.forget_deleted(generation if self._export is None
+                                           else min(generation, self._export[1]))
         if checkpoint is not None and ended:
             # The tables of one engine advance together: one generation.
             self._delta_bases[checkpoint] = ended[0]
+
+    @property
+    def exported(self) -> str | None:
+        """The latest serving export's version (`mark_exported`), or None."""
+        return None if self._export is None else self._export[0]
+
+    def mark_exported(self, version: str) -> None:
+        """Records that the export `version` captured the tables now (the
+        next serving delta is `changed_since(version)`; checkpoints keep it).
+
+        Args:
+            version: the export's version (its manifest's `"version"`).
+        """
+        ended = [store.index.next_generation() for store in self.tables]
+        self._export = (version, ended[0] if ended else 0)
 
     def load_table_states(self, states: list[TableState]) -> None:
         """Replaces every physical table by the rows of `states` (what

@@ -210,8 +210,9 @@ class ModelStateMethods(_keras_compat.ModelMixin):
         self.loop_state.resume_position = ResumePosition(epoch, step, global_batch_size,
                                                          world_size)
 
-    def export_serving(self, path: str | os.PathLike, rows: str = "float32",
-                       min_count: int | None = None) -> str:
+    def export_serving(self, path: str | os.PathLike, rows: str | None = None,
+                       min_count: int | None = None,
+                       base: str | os.PathLike | None = None) -> str:
         """Writes the model's serving artifact, which `rk.serving.load` reads
         without Keras.
 
@@ -220,24 +221,32 @@ class ModelStateMethods(_keras_compat.ModelMixin):
         rows (no optimizer state), the dense network as a `torch.export`
         program, and a manifest with versions and checksums. Under torchrun
         every rank calls it and writes its own rows; the artifact loads in
-        one process. See `docs/serving.md`.
+        one process. With `base`, it writes a *delta* against the model's
+        latest export instead: the rows changed or created since, the ids
+        removed since (aged out, evicted) and the dense weights, which a
+        running predictor or server applies atomically
+        (`Predictor.apply_delta`). See `docs/serving.md`.
 
         Args:
             path: the artifact directory (replaced if it exists).
             rows: `"float32"`, `"float16"` or `"int8"` (row-wise quantized:
-                a scale and bias per row).
+                a scale and bias per row); None: `"float32"`, or the base's
+                for a delta.
             min_count: export only the rows seen in at least this many
                 training steps (the others read zeros at serving, as ids
-                never seen do); None exports every row. The manifest
-                records it and the rows kept per table.
+                never seen do); None exports every row (a delta keeps its
+                base's). The manifest records it and the rows kept per table.
+            base: the directory of this model's latest export (full or
+                delta) to write a delta against; None for a full artifact.
 
         Returns:
             The artifact's path.
 
         Raises:
             ValueError: an unknown `rows`, a `min_count` that is not an int
-                >= 1 or None, or an embedding layer that does not read the
-                FeatureColumns' output.
+                >= 1 or None, an embedding layer that does not read the
+                FeatureColumns' output, or a `base` that is not the model's
+                latest export (or whose `rows`/`min_count` differ).
             NotImplementedError: a subclassed model (it has no graph).
 
         Example:
@@ -245,6 +254,9 @@ class ModelStateMethods(_keras_compat.ModelMixin):
         ```python
         model.export_serving("exported/ctr", rows="int8", min_count=2)
         predictor = rk.serving.load("exported/ctr")
+        model.fit(next_window)
+        model.export_serving("exported/ctr-2", base="exported/ctr")
+        predictor.apply_delta("exported/ctr-2")
         ```
         """
         from reckeras.serving.export import export_serving
@@ -253,4 +265,4 @@ class ModelStateMethods(_keras_compat.ModelMixin):
             raise NotImplementedError("export_serving() traces a functional model's graph; a "
                                       "subclassed rk.Model has none: build the model with "
                                       "rk.Model(inputs, outputs) to export it")
-        return export_serving(self, fed_layers(self), path, rows, min_count)
+        return export_serving(self, fed_layers(self), path, rows, min_count, base)

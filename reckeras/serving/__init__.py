@@ -3,9 +3,12 @@
 `rk.Model.export_serving(path)` writes the artifact (feature specs with their
 adapted statistics, the tables' rows, the dense network as a `torch.export`
 program, a manifest with checksums); `load(path)` returns a `Predictor`
-whose `predict` takes raw columns and returns numpy. Importing this package
+whose `predict` takes raw columns and returns numpy. After more training,
+`export_serving(path, base=...)` writes a delta, which
+`Predictor.apply_delta` applies atomically between requests (`DeltaError`
+when it is damaged, partial or out of order). Importing this package
 imports no Keras. `python -m reckeras.serving PATH --port N` serves it over
-HTTP.
+HTTP (`--watch DIR` and `--admin-port N` take deltas).
 
 Example:
 
@@ -17,7 +20,7 @@ predictor.predict({"I1": [1.0], "C1": [42]})
 ```
 """
 
-from reckeras.serving.artifact import ArtifactError
-from reckeras.serving.predictor import Predictor, load
+from reckeras.serving.artifact import ArtifactError, DeltaError
+from reckeras.serving.predictor import Predictor, ServedVersion, load
 
-__all__ = ["ArtifactError", "Predictor", "load"]
+__all__ = ["ArtifactError", "DeltaError", "Predictor", "ServedVersion", "load"]

@@ -1,8 +1,12 @@
 """`python -m reckeras.serving PATH --port N`: serves an exported model over HTTP.
 
 The artifact is loaded (and checked) before the server listens, so a
-reachable `GET /health` means the model is ready. Needs the `serving-http`
-extra; imports no Keras. See `reckeras.serving.server` for the routes.
+reachable `GET /health` means the model is ready. Deltas are picked up from
+`--watch DIR` (polled every `--watch-interval` seconds) and/or the admin
+endpoint, off unless `--admin-port` is given: a second listener (localhost
+by default) whose token is read from the environment variable
+`RECKERAS_ADMIN_TOKEN`. Needs the `serving-http` extra; imports no Keras.
+See `reckeras.serving.server` for the routes.
 
 Example:
 
@@ -17,7 +21,11 @@ main(["exported/ctr", "--port", "8501"])      # serves until interrupted
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
+
+ADMIN_TOKEN_VARIABLE = "RECKERAS_ADMIN_TOKEN"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,12 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     Args:
         argv: the command line after the program name (`sys.argv[1:]` when
             None): `PATH [--port N] [--host H] [--threads T]
-            [--torch-threads K] [--log-level L]`.
+            [--torch-threads K] [--log-level L] [--watch DIR]
+            [--watch-interval S] [--admin-port N] [--admin-host H]`.
 
     Returns:
         The exit status: 0 after a clean shutdown, 2 when the artifact
-        cannot be loaded or the serving-http extra is missing (the reason
-        is printed to stderr).
+        cannot be loaded, the watched directory does not exist, the admin
+        port has no token in `RECKERAS_ADMIN_TOKEN`, or the serving-http
+        extra is missing (the reason is printed to stderr).
 
     Example:
 
@@ -57,19 +67,40 @@ def main(argv: list[str] | None = None) -> int:
                              "torch's own)")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--watch", metavar="DIR", default=None,
+                        help="apply the deltas written into DIR (one directory each) "
+                             "as they appear, in chain order")
+    parser.add_argument("--watch-interval", type=float, default=1.0,
+                        help="seconds between two looks at --watch (default: 1)")
+    parser.add_argument("--admin-port", type=int, default=None,
+                        help=f"serve POST /delta on this second port (default: off); "
+                             f"the token is read from ${ADMIN_TOKEN_VARIABLE}")
+    parser.add_argument("--admin-host", default="127.0.0.1",
+                        help="address the admin port binds (default: 127.0.0.1)")
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.watch_interval <= 0:
+        parser.error(f"--watch-interval must be > 0, got {args.watch_interval}")
+    if args.admin_port is not None and args.admin_port == args.port:
+        parser.error("--admin-port must differ from --port: the admin endpoint is never "
+                     "served on the public port")
+    token = os.environ.get(ADMIN_TOKEN_VARIABLE, "")
+    if args.admin_port is not None and len(token) < 16:
+        print(f"error: --admin-port needs a token of at least 16 characters in "
+              f"${ADMIN_TOKEN_VARIABLE}", file=sys.stderr)
+        return 2
     try:
         import uvicorn
 
-        from reckeras.serving.server import create_app
+        from reckeras.serving.server import create_admin_app, create_app
     except ImportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     import torch
 
     from reckeras.serving import ArtifactError, load
+    from reckeras.serving.watch import DeltaWatcher
 
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
@@ -78,9 +109,38 @@ def main(argv: list[str] | None = None) -> int:
     except ArtifactError as error:
         print(f"error: cannot serve {args.path}: {error}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(predictor, threads=args.threads), host=args.host,
-                port=args.port, log_level=args.log_level)
+    watcher = None
+    if args.watch is not None:
+        try:
+            watcher = DeltaWatcher(predictor, args.watch, args.watch_interval)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        watcher.poll()          # what is there already, before listening
+        watcher.start()
+    servers = [uvicorn.Server(uvicorn.Config(
+        create_app(predictor, threads=args.threads), host=args.host, port=args.port,
+        log_level=args.log_level))]
+    if args.admin_port is not None:
+        servers.append(uvicorn.Server(uvicorn.Config(
+            create_admin_app(predictor, token), host=args.admin_host, port=args.admin_port,
+            log_level=args.log_level)))
+    try:
+        asyncio.run(_serve(servers))
+    finally:
+        if watcher is not None:
+            watcher.stop()
     return 0
+
+
+async def _serve(servers: list) -> None:
+    """Runs the listeners until one stops (a signal reaches only one of
+    them), then stops the others."""
+    running = [asyncio.ensure_future(server.serve()) for server in servers]
+    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*running)
 
 
 if __name__ == "__main__":

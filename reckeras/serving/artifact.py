@@ -2,14 +2,25 @@
 
 An artifact is a directory:
 
-    manifest.json                     format, versions, features, layers (with
-                                      each table's rows exported, `num_rows`),
-                                      `min_count`, files
+    manifest.json                     format, kind ("full"), version, versions,
+                                      features, layers (with each table's rows
+                                      exported, `num_rows`), `min_count`,
+                                      `rows_written_at`, `dense_weights`, files
     dense.pt2                         the dense network (`torch.export`)
     tables/L{l}.T{t}.r{rank}.safetensors
                                       keys and rows of physical table t of
                                       embedding layer l, as rank `rank` of
                                       the exporting job held them
+
+A *delta* (`export_serving(..., base=...)`) is a directory of the same
+layout whose manifest has kind "delta" and names its `base` version: its
+table files hold the rows written since the base and, as `deleted`, the
+keys removed since (aged out or evicted); `dense.safetensors` holds the
+dense network's weights, by the program's parameter names
+(`dense_weights`). A version is `"{number}-{hash}"`: the number counts the
+exports of a chain (a full export is 1, a delta its base's + 1), the hash
+is the first 16 hex digits of the SHA-256 of the files' checksums and the
+base's version.
 
 With `min_count=k` only the rows seen in at least `k` training steps are
 written; the others read zeros at serving, as ids never seen do.
@@ -22,6 +33,7 @@ bias per row (`row = scale * q + bias`, `q` in [-128, 127]).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -31,9 +43,11 @@ import numpy as np
 import torch
 
 FORMAT = "reckeras-serving"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 PROGRAM = "dense.pt2"
+DENSE_WEIGHTS = "dense.safetensors"
+KINDS = ("full", "delta")
 ROW_PRECISIONS = ("float32", "float16", "int8")
 _CHUNK = 8 << 20
 
@@ -52,6 +66,64 @@ class ArtifactError(ValueError):
         print(error)   # exported/model/tables/L0.T0.r0.safetensors: ...
     ```
     """
+
+
+class DeltaError(ArtifactError):
+    """A serving delta that cannot be applied: damaged (a size or CRC-32
+    that differs from its manifest), partial (a file or the manifest
+    missing), of another format, or out of order (its base is not the
+    version being served). The served version is left as it was.
+
+    The message names the file or the versions at fault.
+
+    Example:
+
+    ```python
+    try:
+        predictor.apply_delta("exported/delta-0007")
+    except rk.serving.DeltaError as error:
+        print(error)   # ...: its base is 5-..., the served version is 6-...
+    ```
+    """
+
+
+def version_of(number: int, files: dict[str, dict[str, int]], base: str | None) -> str:
+    """The version of an export: its number in the chain and a content hash.
+
+    Args:
+        number: 1 for a full export, the base's number + 1 for a delta.
+        files: the manifest's `files` (each file's size and CRC-32).
+        base: the base's version for a delta, None for a full export.
+
+    Returns:
+        `"{number}-{16 hex digits}"`.
+
+    Example:
+
+    ```python
+    version_of(1, {"dense.pt2": {"bytes": 10, "crc32": 7}}, None)   # '1-...'
+    ```
+    """
+    content = json.dumps({"files": files, "base": base}, sort_keys=True).encode()
+    return f"{number}-{hashlib.sha256(content).hexdigest()[:16]}"
+
+
+def version_number(version: str) -> int:
+    """The chain number of a version (`version_of`).
+
+    Args:
+        version: `"{number}-{hash}"`.
+
+    Returns:
+        The number.
+
+    Example:
+
+    ```python
+    version_number("3-0123456789abcdef")   # 3
+    ```
+    """
+    return int(version.split("-", 1)[0])
 
 
 def table_file(layer: int, table: int, rank: int) -> str:
@@ -116,18 +188,24 @@ def file_entry(root: str, name: str) -> dict[str, int]:
     return {"bytes": os.path.getsize(path), "crc32": crc32_of(path)}
 
 
-def read_manifest(root: str) -> dict[str, Any]:
-    """The manifest of an artifact, with every file it names checked.
+def read_manifest(root: str, kind: str | None = "full", check_files: bool = True
+                  ) -> dict[str, Any]:
+    """The manifest of an artifact or a delta, with every file it names checked.
 
     Args:
-        root: the artifact directory.
+        root: the artifact (or delta) directory.
+        kind: `"full"` or `"delta"`, what the directory must hold; None
+            for either.
+        check_files: whether to check every file's size and CRC-32 (an
+            exporter reading its base's manifest needs none of its files).
 
     Returns:
         The parsed manifest.
 
     Raises:
-        ArtifactError: no manifest, another format or version, or a file
-            that is missing or whose size or CRC-32 differs (named).
+        ArtifactError: (`DeltaError` for a delta) no manifest, another
+            format, version or kind, or a file that is missing or whose
+            size or CRC-32 differs (named).
 
     Example:
 
@@ -136,28 +214,35 @@ def read_manifest(root: str) -> dict[str, Any]:
     manifest["features"][0]["class_name"]   # 'Numeric'
     ```
     """
+    error = DeltaError if kind == "delta" else ArtifactError
     path = os.path.join(root, MANIFEST)
     try:
         with open(path) as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        raise ArtifactError(f"{root}: no serving artifact here (no {MANIFEST})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ArtifactError(f"{path}: not a readable manifest ({error})") from None
+        raise error(f"{root}: no serving {'delta' if kind == 'delta' else 'artifact'} "
+                    f"here (no {MANIFEST}; a writer that died leaves none)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as reason:
+        raise error(f"{path}: not a readable manifest ({reason})") from None
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{path}: format {manifest.get('format')!r} version "
-                            f"{manifest.get('format_version')!r}; this reckeras reads "
-                            f"{FORMAT!r} version {FORMAT_VERSION}")
-    for name, expected in manifest["files"].items():
+        raise error(f"{path}: format {manifest.get('format')!r} version "
+                    f"{manifest.get('format_version')!r}; this reckeras reads "
+                    f"{FORMAT!r} version {FORMAT_VERSION}")
+    if kind is not None and manifest.get("kind") != kind:
+        raise error(f"{path}: a {manifest.get('kind')!r} export, expected a {kind!r} one"
+                    + (" (load a full export with rk.serving.load, apply deltas to it)"
+                       if kind == "delta" else " (apply a delta with "
+                       "Predictor.apply_delta to the predictor of its base)"))
+    for name, expected in manifest["files"].items() if check_files else ():
         file = os.path.join(root, name)
         if not os.path.exists(file):
-            raise ArtifactError(f"{file}: missing")
+            raise error(f"{file}: missing")
         if os.path.getsize(file) != expected["bytes"]:
-            raise ArtifactError(f"{file}: {os.path.getsize(file)} bytes, the manifest "
-                                f"says {expected['bytes']} (truncated or replaced)")
+            raise error(f"{file}: {os.path.getsize(file)} bytes, the manifest "
+                        f"says {expected['bytes']} (truncated or replaced)")
         if crc32_of(file) != expected["crc32"]:
-            raise ArtifactError(f"{file}: its CRC-32 does not match the manifest "
-                                f"(the file is damaged)")
+            raise error(f"{file}: its CRC-32 does not match the manifest "
+                        f"(the file is damaged)")
     return manifest
 
 

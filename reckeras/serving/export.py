@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from typing import Any
 
 import keras
 import numpy as np
 import pyarrow as pa
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -27,30 +29,47 @@ from reckeras.serving import artifact
 
 
 def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
-                   rows: str = "float32", min_count: int | None = None) -> str:
-    """Writes the serving artifact of a trained model (every rank calls it).
+                   rows: str | None = None, min_count: int | None = None,
+                   base: str | os.PathLike | None = None) -> str:
+    """Writes the serving artifact of a trained model, or a delta against an
+    earlier one (every rank calls it).
+
+    Without `base`, a full artifact: every row and the dense network as a
+    `torch.export` program. With `base`, a delta: the rows created or
+    trained since the base (in the base's row precision, filtered by its
+    `min_count`), the ids removed since (aged out or evicted), and the dense
+    weights whole; `Predictor.apply_delta` applies it to a predictor serving
+    the base. Either way the manifest records the export's version and
+    `rows_written_at` (the time the rows were read), and the model
+    remembers the export as the base of its next delta.
 
     Args:
         model: a built `rk.Model`.
         embedding_layers: its embedding layers, each fed the FeatureColumns'
             packed batch (`rk.Model` passes them).
-        path: the artifact directory (replaced if it exists).
+        path: the artifact directory (replaced if it exists; written beside
+            it and renamed into place).
         rows: row precision, one of `artifact.ROW_PRECISIONS`, converted
             from each table's own row dtype (`"float16"` keeps a float16
             table's rows exactly; a bfloat16 table's rows are exact in
-            `"float32"`).
+            `"float32"`). None: `"float32"`, or the base's for a delta.
         min_count: export only the rows seen in at least this many training
             steps (`PhysicalTable.seen_steps`; each rank filters its own);
             the others read zeros at serving, as unseen ids do. None: every
-            row.
+            row (or the base's `min_count` for a delta).
+        base: the model's latest export (full or delta), to write a delta
+            against; None for a full artifact.
 
     Returns:
         The artifact's path.
 
     Raises:
         ValueError: an unknown precision, a `min_count` that is not an int
-            >= 1 or None, or an embedding layer that does not read the
-            FeatureColumns' output.
+            >= 1 or None, an embedding layer that does not read the
+            FeatureColumns' output, or a `base` that is not this model's
+            latest export, or whose precision or `min_count` differs from
+            the one given.
+        reckeras.serving.ArtifactError: a `base` with no readable manifest.
         NotImplementedError: a dense network `torch.export` cannot trace
             (a layer whose control flow depends on the data).
 
@@ -59,9 +78,12 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
     ```python
     export_serving(model, model.embedding_layers, "exported/ctr", rows="int8",
                    min_count=2)
+    ...                                              # train on the next window
+    export_serving(model, model.embedding_layers, "exported/ctr-2",
+                   base="exported/ctr")              # a delta
     ```
     """
-    if rows not in artifact.ROW_PRECISIONS:
+    if rows is not None and rows not in artifact.ROW_PRECISIONS:
         raise ValueError(f"rows must be one of {artifact.ROW_PRECISIONS}, got {rows!r}")
     if min_count is not None and (isinstance(min_count, bool) or not isinstance(
             min_count, (int, np.integer)) or min_count < 1):
@@ -74,28 +96,94 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
                          f"packed batch; export_serving needs every embedding layer "
                          f"called once on it")
     path = os.fspath(path)
+    engines = [layer.engine for layer in embedding_layers]
+    based_on = None if base is None else _base(engines, path, os.fspath(base), rows,
+                                                  min_count)
+    if based_on is not None:
+        rows, min_count = based_on["rows"], based_on["min_count"]
+    rows = rows or "float32"
     world = distributed.world()
     staging = path + ".tmp"
     if world.rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(os.path.join(staging, "tables"))
     distributed.barrier("the serving export's directory is made")
-    for index, layer in enumerate(embedding_layers):
-        for table, state in enumerate(layer.table_states()):
+    read_at = time.time()
+    for index, engine in enumerate(engines):
+        states = engine.table_states() if based_on is None else \
+            engine.changed_since(based_on["version"])
+        for table, state in enumerate(states):
             kept = slice(None) if min_count is None else state.seen_steps >= min_count
             # Half-precision tables export their own dtype: encode from float32.
             stored = artifact.encode_rows(
                 state.weights[kept].astype(np.float32, copy=False), rows)
+            if state.deleted is not None:
+                stored["deleted"] = state.deleted
             save_file({"keys": state.keys[kept], **stored},
                       os.path.join(staging, artifact.table_file(index, table, world.rank)))
+    example = _example(model, embedding_layers) if based_on is None else None
     if world.rank == 0:
-        _export_program(model, embedding_layers, os.path.join(staging, artifact.PROGRAM))
-    distributed.barrier("every rank's rows and the program are written")
+        if based_on is None:
+            dense_weights = _export_program(model, embedding_layers, example,
+                                            os.path.join(staging, artifact.PROGRAM))
+        else:
+            dense_weights = based_on["dense_weights"]
+            _save_dense_weights(model, embedding_layers, dense_weights,
+                                os.path.join(staging, artifact.DENSE_WEIGHTS))
+    distributed.barrier("every rank's rows and the dense network are written")
+    version = None
     if world.rank == 0:
-        _write_manifest(model, embedding_layers, staging, rows, min_count, world.size)
+        version = _write_manifest(model, embedding_layers, staging, rows, min_count,
+                                  world.size, read_at, dense_weights, based_on)
         _replace(staging, path)
+    if world.size > 1:
+        agreed = [version]
+        with distributed.collective("sharing the serving export's version"):
+            dist.broadcast_object_list(agreed, src=0)
+        version = agreed[0]
     distributed.barrier("the serving artifact is in place")
+    for engine in engines:
+        engine.mark_exported(version)
     return path
+
+
+def _base(engines, path, base, rows, min_count):
+    """The base's manifest, once it is checked to be the model's latest
+    export and to match the precision and `min_count` asked for."""
+    if os.path.abspath(path) == os.path.abspath(base):
+        raise ValueError(f"a serving delta cannot be written over its own base {base!r}: "
+                         f"give it another path")
+    manifest = artifact.read_manifest(base, kind=None, check_files=False)
+    filename = os.path.join(base, artifact.MANIFEST)
+    if not all(engine.exported == manifest["version"] for engine in engines):
+        latest = engines[0].exported if engines else None
+        raise ValueError(
+            f"{filename}: version {manifest['version']} is not this model's latest serving "
+            f"export ({latest or 'none since the model was built'}), so the model does not "
+            f"know what changed since it; write a full export (base=None) first")
+    if manifest["dense_weights"] is None:
+        raise ValueError(f"{filename}: the base's program holds a view of a dense weight "
+                         f"that a delta cannot rewrite; write full exports of this model")
+    if rows is not None and rows != manifest["rows"]:
+        raise ValueError(f"{filename}: the base's rows are {manifest['rows']!r}, a delta "
+                         f"cannot change them to {rows!r}; write a full export")
+    if min_count is not None and min_count != manifest["min_count"]:
+        raise ValueError(f"{filename}: the base's min_count is {manifest['min_count']!r}, "
+                         f"a delta cannot change it to {min_count!r}; write a full export")
+    return manifest
+
+
+def _save_dense_weights(model, embedding_layers, names, filename):
+    """The current values of the program's weights, by their names in the
+    program (`_weight_names`)."""
+    held = dict(_DenseNetwork(model, embedding_layers).named_parameters(
+        remove_duplicate=False))
+    missing = sorted(set(names.values()) - set(held))
+    if missing:
+        raise ValueError(f"the model no longer holds the exported program's weight(s) "
+                         f"{missing[:5]}: a changed model needs a full export")
+    save_file({name: held[parameter].detach().cpu().contiguous().numpy()
+               for name, parameter in names.items()}, filename)
 
 
 class _DenseNetwork(torch.nn.Module):
@@ -124,7 +212,9 @@ class _DenseNetwork(torch.nn.Module):
         return _keras_compat.run_functional_graph(self.model, flat, False, replace)
 
 
-def _export_program(model, embedding_layers, filename):
+def _example(model, embedding_layers):
+    """The program's example inputs. Every rank computes them: on several
+    ranks the embedding lookup is a collective."""
     columns = model.feature_columns
     # A copy: encode may hand back read-only views of arrow memory.
     inputs = {name: torch.tensor(value)
@@ -132,6 +222,12 @@ def _export_program(model, embedding_layers, filename):
     with torch.no_grad():
         dense, sparse = columns.pack(inputs)
         embedded = [layer(sparse, training=False) for layer in embedding_layers]
+    return inputs, dense, embedded
+
+
+def _export_program(model, embedding_layers, example, filename):
+    inputs, dense, embedded = example
+    with torch.no_grad():
         network = _DenseNetwork(model, embedding_layers).eval()
         batch = torch.export.Dim.AUTO
         shapes = {"inputs": {name: {0: batch} for name in inputs}, "dense": {0: batch},
@@ -147,6 +243,30 @@ def _export_program(model, embedding_layers, filename):
                 f"{str(error).strip().splitlines()[0][:300]} (a layer whose control "
                 f"flow depends on the data does not export)") from error
     torch.export.save(program, filename)
+    return _weight_names(program, network)
+
+
+def _weight_names(program, network):
+    """`{tensor of the program: parameter of the network}`: the tensors a
+    delta rewrites. Keras's variables enter the traced graph as constants
+    that alias the parameters' memory, so they are matched by address,
+    shape and strides. None when a constant is another view of a
+    parameter (a delta could not rewrite it)."""
+    def where(tensor):
+        return tensor.data_ptr(), tuple(tensor.shape), tensor.stride()
+
+    parameters = dict(network.named_parameters(remove_duplicate=False))
+    by_place = {where(value): name for name, value in parameters.items()}
+    storages = {value.untyped_storage().data_ptr() for value in parameters.values()}
+    names = {name: name for name in program.state_dict}
+    for name, value in program.constants.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if where(value) in by_place:
+            names[name] = by_place[where(value)]
+        elif value.untyped_storage().data_ptr() in storages:
+            return None
+    return dict(sorted(names.items()))
 
 
 def _batch_dim(output, batch):
@@ -194,22 +314,36 @@ def example_batch(specs: list, rows: int = 5) -> dict[str, Any]:
     return batch
 
 
-def _write_manifest(model, embedding_layers, root, rows, min_count, world_size):
+def _write_manifest(model, embedding_layers, root, rows, min_count, world_size, read_at,
+                    dense_weights, based_on):
+    """Writes the manifest (the last file) and returns the export's version."""
     columns = model.feature_columns
     outputs = _keras_compat.functional_outputs(model)
-    files = {artifact.PROGRAM: artifact.file_entry(root, artifact.PROGRAM)}
+    dense = artifact.PROGRAM if based_on is None else artifact.DENSE_WEIGHTS
+    files = {dense: artifact.file_entry(root, dense)}
     layers = []
     for index, layer in enumerate(embedding_layers):
         tables = []
         for table, layout in enumerate(layer.engine.table_layouts()):
             names = [artifact.table_file(index, table, rank) for rank in range(world_size)]
             files.update((name, artifact.file_entry(root, name)) for name in names)
-            tables.append({"dim": layout.dim, "files": names,
-                           "num_rows": sum(_rows_in(root, name) for name in names)})
+            entry = {"dim": layout.dim, "files": names,
+                     "num_rows": sum(_rows_in(root, name, "keys") for name in names)}
+            if based_on is not None:
+                entry["num_removed"] = sum(_rows_in(root, name, "deleted") for name in names)
+                # Key, row in the stored precision, and int8's scale and bias.
+                entry["bytes_per_row"] = 8 + layout.dim * np.dtype(rows).itemsize + \
+                    (8 if rows == "int8" else 0)
+            tables.append(entry)
         layers.append({"name": layer.name, "output": layer.output_mode,
                        "features": [serialize(s) for s in layer.specs], "tables": tables})
-    artifact.write_manifest(root, {
+    number = 1 if based_on is None else artifact.version_number(based_on["version"]) + 1
+    base = None if based_on is None else based_on["version"]
+    version = artifact.version_of(number, files, base)
+    manifest = {
         "format": artifact.FORMAT, "format_version": artifact.FORMAT_VERSION,
+        "kind": "full" if based_on is None else "delta", "version": version,
+        "base": base, "rows_written_at": read_at,
         "versions": {"reckeras": reckeras.__version__, "torch": torch.__version__},
         "rows": rows, "min_count": None if min_count is None else int(min_count),
         "world_size": world_size,
@@ -218,13 +352,18 @@ def _write_manifest(model, embedding_layers, root, rows, min_count, world_size):
                        "std": columns.std.numpy().tolist()},
         "inputs": list(_keras_compat.functional_inputs(model)),
         "outputs": sorted(outputs) if isinstance(outputs, dict) else None,
-        "embedding_layers": layers, "files": files})
+        "dense_weights": dense_weights, "embedding_layers": layers, "files": files}
+    if based_on is not None:
+        manifest["bytes"] = sum(entry["bytes"] for entry in files.values())
+    artifact.write_manifest(root, manifest)
+    return version
 
 
-def _rows_in(root, name):
-    """Rows of one table file, from its header (the file was written by any rank)."""
+def _rows_in(root, name, tensor):
+    """Entries of one tensor of a table file, from its header (the file was
+    written by any rank)."""
     with safe_open(os.path.join(root, name), framework="numpy") as stored:
-        return stored.get_slice("keys").get_shape()[0]
+        return stored.get_slice(tensor).get_shape()[0]
 
 
 def _replace(staging, path):

@@ -7,11 +7,19 @@ loaded into plain tables; ids never seen in training read zeros) and the
 dense network as the `torch.export` program written at export, its dense
 layers rewritten onto prepacked weights (`packed_linear`). Only torch,
 numpy, pyarrow and safetensors are needed.
+
+What a request reads (tables, program, statistics) is one immutable
+`ServedVersion`. `apply_delta` builds the next one off to the side and
+swaps the predictor's one reference to it; a request takes the reference
+once when it starts, so it is answered wholly by one version, and an old
+version is freed when the last request holding it ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -26,7 +34,38 @@ from reckeras.embedding.table_state import TableState
 from reckeras.features.encode import as_tensors, encode, raw_columns
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import FeatureSpec, deserialize
-from reckeras.serving import artifact, packed_linear
+from reckeras.serving import artifact, delta, packed_linear
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedVersion:
+    """One version of the served model: everything a request reads.
+
+    Never changed once built; `Predictor.apply_delta` builds a new one.
+
+    Args:
+        version: the export's version, `"{number}-{hash}"`.
+        rows_written_at: when the export read the rows (seconds since the
+            epoch, from the manifest).
+        layers: per embedding layer, `(packing, engine, output mode)`.
+        program: the dense network (the loaded program, layers packed).
+        mean: the Numeric features' adapted means.
+        std: their standard deviations.
+
+    Example:
+
+    ```python
+    served = predictor.served
+    served.version, time.time() - served.rows_written_at
+    ```
+    """
+
+    version: str
+    rows_written_at: float
+    layers: tuple
+    program: torch.nn.Module
+    mean: torch.Tensor
+    std: torch.Tensor
 
 
 class Predictor:
@@ -34,6 +73,8 @@ class Predictor:
 
     `predict` is safe to call from several threads at once: a call reads
     the tables and the program and changes nothing they hold.
+    `apply_delta` may run beside them: each call is answered wholly by the
+    version that was served when it started.
 
     Args:
         path: the artifact directory `rk.Model.export_serving` wrote.
@@ -56,44 +97,110 @@ class Predictor:
         self.manifest = manifest
         self.specs: list[FeatureSpec] = [deserialize(s) for s in manifest["features"]]
         self.plan = TransformPlan(self.specs)
-        self._mean = torch.tensor(manifest["statistics"]["mean"], dtype=torch.float32)
-        self._std = torch.tensor(manifest["statistics"]["std"], dtype=torch.float32)
-        self._layers = [self._embedding_layer(layer) for layer in manifest["embedding_layers"]]
         program = os.path.join(self.path, artifact.PROGRAM)
         try:
-            self._program = torch.export.load(program).module()
+            # Kept: each version's dense network is a module of it.
+            self._exported = torch.export.load(program)
+            module = self._exported.module()
         except Exception as error:      # torch raises many kinds for a bad file
             raise artifact.ArtifactError(f"{program}: not a loadable program "
                                          f"({error})") from error
-        # The kernels of the dense layers never change at serving: packed
-        # once for oneDNN here, they run in half the time.
-        packed_linear.pack_linear_layers(self._program)
+        layers = []
+        for layer in manifest["embedding_layers"]:
+            specs = [deserialize(s) for s in layer["features"]]
+            plan = TransformPlan(specs)
+            packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order)
+            engine = _engine(packing)
+            states = []
+            for table, layout in enumerate(engine.table_layouts()):
+                keys, rows, _ = delta.table_rows(self.path, layer["tables"][table]["files"],
+                                                 artifact.ArtifactError)
+                states.append(TableState(layout, keys.numpy(), rows.numpy(),
+                                         np.zeros((keys.numel(), 0), np.float32)))
+            engine.load_table_states(states)
+            layers.append((packing, engine, layer["output"]))
+        self._served = self._version(manifest, tuple(layers), module)
+        self._applying = threading.Lock()       # one delta at a time
         self.outputs: list[str] | None = manifest["outputs"]
 
-    def _embedding_layer(self, layer):
-        specs = [deserialize(s) for s in layer["features"]]
-        plan = TransformPlan(specs)
-        # Plain tables: admission, eviction and caching are training matters.
-        packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order)
-        engine = EmbeddingEngine(packing, device="cpu")     # requests arrive on the host
-        tables = []
-        for table, layout in enumerate(engine.table_layouts()):
-            # The files the manifest names (and read_manifest checked).
-            parts = [self._rows(os.path.join(self.path, name))
-                     for name in layer["tables"][table]["files"]]
-            keys = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, torch.int64)
-            weights = torch.cat([p[1] for p in parts]) if parts else \
-                torch.zeros(0, layout.dim)
-            tables.append(TableState(layout, keys, weights, torch.zeros(keys.numel(), 0)))
-        engine.load_table_states(tables)
-        return packing, engine, layer["output"]
+    def _version(self, manifest, layers, program):
+        # The kernels of the dense layers never change within a version:
+        # packed once for oneDNN here, they run in half the time.
+        packed_linear.pack_linear_layers(program)
+        statistics = manifest["statistics"]
+        return ServedVersion(manifest["version"], manifest["rows_written_at"], layers,
+                             program, torch.tensor(statistics["mean"], dtype=torch.float32),
+                             torch.tensor(statistics["std"], dtype=torch.float32))
 
-    def _rows(self, name):
-        try:
-            stored = load_file(name)
-        except (SafetensorError, OSError) as error:
-            raise artifact.ArtifactError(f"{name}: {error}") from error
-        return stored["keys"], artifact.decode_rows(stored)
+    @property
+    def served(self) -> ServedVersion:
+        """The version requests are answered with now."""
+        return self._served
+
+    @property
+    def version(self) -> str:
+        """The served version, `"{number}-{hash}"` (the manifest's)."""
+        return self._served.version
+
+    def apply_delta(self, path: str | os.PathLike) -> str:
+        """Applies a delta written by `export_serving(..., base=...)`, atomically.
+
+        The next version is built off to the side: the tables the delta
+        touches are rebuilt from a copy of their rows (rows rewritten or
+        added, removed ids dropped), the others shared; the dense network
+        is a new module with the delta's weights. Then one reference is
+        swapped: requests already running finish on the old version, later
+        ones read the new one. A delta that fails any check changes nothing.
+        Deltas are applied one at a time (a second call waits).
+
+        Args:
+            path: the delta's directory.
+
+        Returns:
+            The new served version.
+
+        Raises:
+            reckeras.serving.DeltaError: a damaged, partial or foreign
+                delta, or one whose base is not the served version (named);
+                the served version stays.
+
+        Example:
+
+        ```python
+        predictor = rk.serving.load("exported/day1")
+        predictor.apply_delta("exported/day2")     # '2-…'
+        ```
+        """
+        path = os.fspath(path)
+        with self._applying:
+            served = self._served
+            manifest = delta.read_delta(path, self.manifest, served.version)
+            layers = tuple(self._layer_after(path, entry, layer) for entry, layer in
+                           zip(manifest["embedding_layers"], served.layers, strict=True))
+            file = os.path.join(path, artifact.DENSE_WEIGHTS)
+            try:
+                weights = load_file(file)
+            except (SafetensorError, OSError) as error:
+                raise artifact.DeltaError(f"{file}: {error}") from error
+            program = self._exported.module()
+            for name, value in weights.items():
+                # The new module gets its own tensors; the served version's
+                # are not touched.
+                _replace_tensor(program, name, value)
+            self._served = self._version(manifest, layers, program)
+            return self._served.version
+
+    def _layer_after(self, path, entry, layer):
+        """One embedding layer after a delta: the same object when the delta
+        changes none of its tables."""
+        if not any(table["num_rows"] or table["num_removed"] for table in entry["tables"]):
+            return layer
+        packing, engine, output = layer
+        states = [delta.merged(state, *delta.table_rows(path, table["files"],
+                                                        artifact.DeltaError))
+                  for state, table in zip(engine.table_states(), entry["tables"],
+                                          strict=True)]
+        return packing, _engine(packing, states), output
 
     @property
     def input_columns(self) -> list[str]:
@@ -123,23 +230,65 @@ class Predictor:
         predictor.predict(test.slice(0, 256))     # [256, 1]
         ```
         """
+        return self.predict_with_version(batch)[0]
+
+    def predict_with_version(self, batch: pa.Table | pa.RecordBatch | dict[str, Any]
+                             ) -> tuple[np.ndarray | dict[str, np.ndarray], str]:
+        """`predict`'s outputs and the version that computed all of them.
+
+        Args:
+            batch: as for `predict`.
+
+        Returns:
+            `(outputs, version)`.
+
+        Raises:
+            reckeras.features.FeatureInputError: as `predict`.
+
+        Example:
+
+        ```python
+        scores, version = predictor.predict_with_version({"I1": [1.0], "C1": [7]})
+        ```
+        """
+        served = self._served        # this request's version, whatever is applied now
         inputs = as_tensors(encode(self.specs, batch))
         with torch.inference_mode():
             if self.plan.numeric:
-                dense = self.plan.dense(inputs, self._mean, self._std)
+                dense = self.plan.dense(inputs, served.mean, served.std)
             else:
                 dense = torch.zeros(len(next(iter(inputs.values()))), 0)
             sparse = self.plan.packed_sparse(inputs)
             embedded = [packing.assemble(engine.lookup(
                 sparse["ids"], sparse["offsets"], training=False,
                 weights=sparse.get("weights")), output)
-                for packing, engine, output in self._layers]
-            outputs = self._program(
+                for packing, engine, output in served.layers]
+            outputs = served.program(
                 inputs={name: inputs[name] for name in self.manifest["inputs"]},
                 dense=dense, embedded=embedded)
         if self.outputs is None:
-            return outputs.numpy()
-        return {name: outputs[name].numpy() for name in self.outputs}
+            return outputs.numpy(), served.version
+        return {name: outputs[name].numpy() for name in self.outputs}, served.version
+
+
+def _replace_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    """Points the module's tensor `name` (a parameter, buffer or constant
+    of a loaded program, dotted path) at `value`."""
+    *path, attribute = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    if isinstance(getattr(module, attribute), torch.nn.Parameter):
+        value = torch.nn.Parameter(value, requires_grad=False)
+    setattr(module, attribute, value)
+
+
+def _engine(packing: PackingPlan, states: list[TableState] | None = None) -> EmbeddingEngine:
+    """Plain tables (admission, eviction and caching are training matters)
+    on the host, where requests arrive, holding `states` if given."""
+    engine = EmbeddingEngine(packing, device="cpu")
+    if states is not None:
+        engine.load_table_states(states)
+    return engine
 
 
 def load(path: str | os.PathLike) -> Predictor:

@@ -13,10 +13,17 @@ Routes:
   an object of them), or in its columnar format, `{"inputs": {feature:
   [values...]}}`, answered `{"outputs": ...}` (the output as a nested list,
   or an object of them). A missing value is `null`.
-* `GET /health`: `{"status": "ok"}` once the artifact is loaded.
+* `GET /health`: `{"status": "ok", "version": ..., "rows_written_at": ...,
+  "rows_age_s": ...}` once the artifact is loaded: the served model version
+  and when its newest rows were read from training (and how long ago).
 * `GET /metadata`: the features (name, kind, dtype, shape or max_len,
-  weights column), the raw columns a request holds, the outputs and the
-  artifact's versions.
+  weights column), the raw columns a request holds, the outputs, the
+  artifact's versions and the served model version.
+
+Every `/predict` answer carries the model version that computed it in the
+`X-Model-Version` header. Deltas reach a running server through
+`create_admin_app` (an app of its own, for a second listener: never the
+public port) or a `watch.DeltaWatcher`.
 
 A request the model cannot read (malformed JSON, neither or both of
 `instances`/`inputs`, a missing feature, a wrong type, a bad value) gets a
@@ -28,8 +35,10 @@ the event loop keeps accepting requests while a batch runs.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -48,9 +57,11 @@ except ImportError as error:      # the extra is optional: say how to get it
 
 from reckeras.features.encode import FeatureInputError
 from reckeras.features.specs import Categorical, Cross, Numeric, Sequence
+from reckeras.serving.artifact import DeltaError
 from reckeras.serving.predictor import Predictor
 
 logger = logging.getLogger("reckeras.serving")
+VERSION_HEADER = "X-Model-Version"
 
 
 class RequestError(ValueError):
@@ -264,7 +275,8 @@ def metadata(predictor: Predictor) -> dict[str, Any]:
 
     Returns:
         `{"features": [...], "columns": [...], "outputs": ..., "format":
-        ..., "format_version": ..., "versions": {...}, "rows": ...}`. Each
+        ..., "format_version": ..., "versions": {...}, "rows": ...}` (the
+        server adds the served `"version"` to each answer). Each
         feature has its `name` and `kind`; a Numeric its `dtype` (float32)
         and `shape`, a Categorical its `dtype` (`int64` or `string` ids, or
         float32 with its `boundaries`), a Sequence its `dtype`, `max_len`
@@ -300,11 +312,42 @@ def metadata(predictor: Predictor) -> dict[str, Any]:
             "versions": manifest["versions"], "rows": manifest["rows"]}
 
 
-def _json(content: Any, status: int = 200) -> Response:
+def health(predictor: Predictor) -> dict[str, Any]:
+    """What `GET /health` answers: the served version and its rows' age.
+
+    Args:
+        predictor: the served model.
+
+    Returns:
+        `{"status": "ok", "version": ..., "rows_written_at": ...,
+        "rows_age_s": ...}`: the version answering requests now, when its
+        export read the rows from training (seconds since the epoch) and
+        how many seconds ago that was.
+
+    Example:
+
+    ```python
+    health(predictor)["rows_age_s"]    # 42.7: the rows are 43 s old
+    ```
+    """
+    served = predictor.served
+    return {"status": "ok", "version": served.version,
+            "rows_written_at": served.rows_written_at,
+            "rows_age_s": time.time() - served.rows_written_at}
+
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None
+          ) -> Response:
     # TF Serving writes NaN/Infinity tokens for non-finite floats; Starlette's
     # JSONResponse refuses them (a 500), so the body is written here.
     return Response(json.dumps(content, allow_nan=True, separators=(",", ":")),
-                    status_code=status, media_type="application/json")
+                    status_code=status, media_type="application/json", headers=headers)
+
+
+async def _http_error(request: Request, error: HTTPException) -> Response:
+    # 404/405 in TF Serving's error shape rather than Starlette's plain text.
+    return _json({"error": f"{request.method} {request.url.path}: {error.detail}"},
+                 error.status_code)
 
 
 def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
@@ -345,13 +388,15 @@ def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
         form, batch = parse_request(body, columns)
         for name, values in batch.items():
             batch[name] = _typed(values, types[name])
-        return format_response(form, predictor.predict(batch))
+        outputs, version = predictor.predict_with_version(batch)
+        return format_response(form, outputs), version
 
     async def predict(request: Request) -> Response:
         body = await request.body()
         try:
             # Parsing a large body is work too: it goes to the thread as well.
-            return _json(await to_thread.run_sync(run, body, limiter=limiter))
+            answer, version = await to_thread.run_sync(run, body, limiter=limiter)
+            return _json(answer, headers={VERSION_HEADER: version})
         except (RequestError, FeatureInputError) as error:
             return _json({"error": str(error)}, 400)
         except Exception as error:      # the server outlives any one request
@@ -359,20 +404,74 @@ def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
             return _json({"error": f"internal error: {type(error).__name__}: "
                                    f"{error}"}, 500)
 
-    async def health(request: Request) -> Response:
-        return _json({"status": "ok"})
+    async def healthy(request: Request) -> Response:
+        return _json(health(predictor))
 
     async def describe(request: Request) -> Response:
-        return _json(described)
-
-    async def http_error(request: Request, error: HTTPException) -> Response:
-        # 404/405 in TF Serving's error shape rather than Starlette's plain text.
-        return _json({"error": f"{request.method} {request.url.path}: "
-                               f"{error.detail}"}, error.status_code)
+        return _json({**described, "version": predictor.version})
 
     return Starlette(routes=[Route("/predict", predict, methods=["POST"]),
-                             Route("/health", health, methods=["GET"]),
+                             Route("/health", healthy, methods=["GET"]),
                              Route("/metadata", describe, methods=["GET"])],
                      # Starlette types every handler as taking any Exception; it
                      # calls this one, registered for HTTPException, with those only.
-                     exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
+                     exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
+
+
+def create_admin_app(predictor: Predictor, token: str) -> Starlette:
+    """The admin ASGI app: applies deltas to the running predictor.
+
+    Serve it on a listener of its own, bound to localhost (as `python -m
+    reckeras.serving --admin-port N` does), never on the public port.
+
+    Route: `POST /delta` with the header `Authorization: Bearer <token>`
+    and the body `{"path": "<delta directory on the server's disk>"}`:
+    200 `{"version": <new version>}` once applied; 401 for a missing or
+    wrong token (compared in constant time); 400 for a body without a
+    `path`; 409 `{"error": ..., "version": <still served>}` for a delta
+    refused (`DeltaError`: damaged, partial, out of order).
+
+    Args:
+        predictor: the served model.
+        token: the secret a request must present (at least 16 characters).
+
+    Returns:
+        A Starlette app.
+
+    Raises:
+        ValueError: a token shorter than 16 characters.
+
+    Example:
+
+    ```python
+    admin = create_admin_app(predictor, token=os.environ["RECKERAS_ADMIN_TOKEN"])
+    uvicorn.run(admin, host="127.0.0.1", port=8502)
+    ```
+    """
+    if len(token) < 16:
+        raise ValueError("the admin token must hold at least 16 characters")
+    expected = f"Bearer {token}".encode()
+
+    async def apply(request: Request) -> Response:
+        presented = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(presented, expected):
+            return _json({"error": "POST /delta needs 'Authorization: Bearer <token>' "
+                                   "with the server's admin token"}, 401)
+        try:
+            path = json.loads(await request.body())["path"]
+            if not isinstance(path, str):
+                raise TypeError(type(path).__name__)
+        except (ValueError, KeyError, TypeError) as error:
+            return _json({"error": f"the body must be {{\"path\": \"<delta "
+                                   f"directory>\"}} ({error!r})"}, 400)
+        try:
+            # Building the next version is work: off the event loop.
+            version = await to_thread.run_sync(predictor.apply_delta, path)
+        except DeltaError as error:
+            logger.error("delta refused, still serving %s: %s", predictor.version, error)
+            return _json({"error": str(error), "version": predictor.version}, 409)
+        logger.info("applied delta %s from %s", version, path)
+        return _json({"version": version})
+
+    return Starlette(routes=[Route("/delta", apply, methods=["POST"])],
+                     exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]

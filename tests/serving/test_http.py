@@ -187,7 +187,10 @@ def inputs(table, start, stop):
 def test_health(served):
     server = served.server
     response = server.client.get("/health")
-    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    version = json.load(open(os.path.join(served.path, "manifest.json")))["version"]
+    answer = response.json()
+    assert response.status_code == 200 and answer["status"] == "ok"
+    assert answer["version"] == version and 0 <= answer["rows_age_s"] < 3600
 
 
 def test_row_format_predictions_equal_model_predict(served):
@@ -247,6 +250,7 @@ def test_metadata_lists_features_columns_and_versions(served):
     assert described["columns"] == ["n", "v", "a", "b", "z", "s", "w"]
     assert described["outputs"] is None
     assert described["format"] == "reckeras-serving" and described["rows"] == "float32"
+    assert described["version"] == server.client.get("/health").json()["version"]
     assert described["versions"]["reckeras"] == rk.__version__
     assert set(described["versions"]) >= {"reckeras", "torch"}
 
@@ -392,7 +396,7 @@ def test_unexpected_failure_is_a_500_and_the_next_request_succeeds(served):
 
     table, expected, path = served.table, served.expected, served.path
     predictor = reckeras.serving.load(path)
-    real_predict, calls = predictor.predict, []
+    real_predict, calls = predictor.predict_with_version, []
 
     def failing_once(batch):
         calls.append(len(calls))
@@ -400,7 +404,7 @@ def test_unexpected_failure_is_a_500_and_the_next_request_succeeds(served):
             raise RuntimeError("the kernel fell over")
         return real_predict(batch)
 
-    predictor.predict = failing_once
+    predictor.predict_with_version = failing_once
     with TestClient(create_app(predictor)) as client:
         failed = client.post("/predict", json=instances(table, 0, 4))
         assert failed.status_code == 500

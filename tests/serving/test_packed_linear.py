@@ -132,8 +132,8 @@ def test_the_predictor_runs_a_keras_model_on_packed_layers(tmp_path):
     model.fit({k: v for k, v in data.items() if k != "label"}, data["label"],
               batch_size=16, verbose=0)
     predictor = rk.serving.load(model.export_serving(tmp_path / "artifact"))
-    assert calls(predictor._program, MKLDNN_LINEAR) == 2
-    assert calls(predictor._program, torch.ops.aten.matmul.default) == 0
+    assert calls(predictor.served.program, MKLDNN_LINEAR) == 2
+    assert calls(predictor.served.program, torch.ops.aten.matmul.default) == 0
     features = {"x": data["x"], "c": data["c"]}
     np.testing.assert_allclose(predictor.predict(features),
                                model.predict(features, verbose=0), atol=1e-6)
