@@ -44,6 +44,9 @@ import torch
 
 FORMAT = "reckeras-serving"
 FORMAT_VERSION = 2
+# Version 1 (full exports before deltas: no kind, version, base, rows'
+# time or dense weights) still loads and serves; no delta applies to it.
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 PROGRAM = "dense.pt2"
 DENSE_WEIGHTS = "dense.safetensors"
@@ -224,10 +227,13 @@ def read_manifest(root: str, kind: str | None = "full", check_files: bool = True
                     f"here (no {MANIFEST}; a writer that died leaves none)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as reason:
         raise error(f"{path}: not a readable manifest ({reason})") from None
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format") != FORMAT or \
+            manifest.get("format_version") not in READABLE_VERSIONS:
         raise error(f"{path}: format {manifest.get('format')!r} version "
                     f"{manifest.get('format_version')!r}; this reckeras reads "
-                    f"{FORMAT!r} version {FORMAT_VERSION}")
+                    f"{FORMAT!r} versions {READABLE_VERSIONS}")
+    if manifest["format_version"] == 1:
+        manifest = _from_version_1(manifest)
     if kind is not None and manifest.get("kind") != kind:
         raise error(f"{path}: a {manifest.get('kind')!r} export, expected a {kind!r} one"
                     + (" (load a full export with rk.serving.load, apply deltas to it)"
@@ -244,6 +250,15 @@ def read_manifest(root: str, kind: str | None = "full", check_files: bool = True
             raise error(f"{file}: its CRC-32 does not match the manifest "
                         f"(the file is damaged)")
     return manifest
+
+
+def _from_version_1(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 manifest with the fields version 2 added: a full
+    export, versioned by its files, whose rows' time is unknown and whose
+    dense weights no delta can name (`dense_weights` None)."""
+    return {**manifest, "kind": "full", "base": None, "rows_written_at": None,
+            "dense_weights": None,
+            "version": version_of(1, manifest["files"], None)}
 
 
 def write_manifest(root: str, manifest: dict[str, Any]) -> None:

@@ -58,8 +58,13 @@ def read_delta(path: str, served: dict[str, Any], served_version: str) -> dict[s
                for layer in manifest["embedding_layers"]]
     expected = [[table["dim"] for table in layer["tables"]]
                 for layer in served["embedding_layers"]]
-    if layouts != expected or sorted(manifest["dense_weights"]) != \
-            sorted(served["dense_weights"]):
+    if served["dense_weights"] is None:
+        raise artifact.DeltaError(
+            f"{filename}: the served artifact (format version "
+            f"{served['format_version']}) names no dense weights for a delta to "
+            f"replace: serve a full export of format version {artifact.FORMAT_VERSION}")
+    if layouts != expected or \
+            sorted(manifest["dense_weights"]) != sorted(served["dense_weights"]):
         raise artifact.DeltaError(
             f"{filename}: its tables (dims {layouts}) or dense weights are not those of "
             f"the served model (dims {expected}): a changed model needs a full export")

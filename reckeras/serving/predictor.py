@@ -46,7 +46,7 @@ class ServedVersion:
     Args:
         version: the export's version, `"{number}-{hash}"`.
         rows_written_at: when the export read the rows (seconds since the
-            epoch, from the manifest).
+            epoch, from the manifest; None for a version-1 artifact).
         layers: per embedding layer, `(packing, engine, output mode)`.
         program: the dense network (the loaded program, layers packed).
         mean: the Numeric features' adapted means.
@@ -61,7 +61,7 @@ class ServedVersion:
     """
 
     version: str
-    rows_written_at: float
+    rows_written_at: float | None
     layers: tuple
     program: torch.nn.Module
     mean: torch.Tensor

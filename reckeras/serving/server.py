@@ -333,7 +333,8 @@ def health(predictor: Predictor) -> dict[str, Any]:
     served = predictor.served
     return {"status": "ok", "version": served.version,
             "rows_written_at": served.rows_written_at,
-            "rows_age_s": time.time() - served.rows_written_at}
+            "rows_age_s": None if served.rows_written_at is None
+            else time.time() - served.rows_written_at}
 
 
 def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None

@@ -23,6 +23,7 @@ import reckeras.serving
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.embedding.packing import table_salt
 from reckeras.serving import artifact
+from reckeras.serving.server import health
 
 
 def build():
@@ -291,3 +292,26 @@ def test_hundreds_of_deltas_keep_memory_bounded(tmp_path):
     # The tables hold the live rows only, as a fresh load of them does.
     assert table_bytes(predictor) == table_bytes(full)
     assert table_bytes(predictor) < start
+
+
+def test_a_version_1_artifact_still_serves_and_takes_no_delta(two_versions, tmp_path):
+    # An artifact written before deltas existed: its manifest lacks the kind,
+    # version, base, the rows' time and the dense weights' names.
+    model, v1, v2, before, _ = two_versions
+    old = tmp_path / "old"
+    shutil.copytree(v1, old)
+    written = manifest(old)
+    for field in ("kind", "version", "base", "rows_written_at", "dense_weights", "bytes"):
+        written.pop(field, None)
+    written["format_version"] = 1
+    (old / artifact.MANIFEST).write_text(json.dumps(written))
+    predictor = reckeras.serving.load(old)
+    np.testing.assert_array_equal(predictor.predict(QUERY),
+                                  reckeras.serving.load(v1).predict(QUERY))
+    assert artifact.version_number(predictor.version) == 1
+    assert predictor.served.rows_written_at is None
+    assert health(predictor)["rows_age_s"] is None
+    with pytest.raises(reckeras.serving.DeltaError, match="format version 1.*names no dense"):
+        predictor.apply_delta(v2)
+    np.testing.assert_array_equal(predictor.predict(QUERY),
+                                  reckeras.serving.load(v1).predict(QUERY))
