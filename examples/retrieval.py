@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 train = rk.datasets.load("retrieval_synth", split="train")
 valid = rk.datasets.load("retrieval_synth", split="valid")
 test = rk.datasets.load("retrieval_synth", split="test")
-item_ids = rk.datasets.load("retrieval_synth", split="items").to_table()["item_id"]
+item_ids = rk.datasets.load("retrieval_synth", split="items").to_table()["item_id"].to_numpy()
 
 # One query per user: its id and segment (the segment is the same on all of
 # a user's rows; the last one read wins).
@@ -43,7 +43,9 @@ validation = rk.retrieval.RetrievalEvaluation(
     queries, item_ids, relevant=rk.datasets.user_items(valid, users), exclude=train_items,
     metrics=[rk.metrics.RecallAtK(20)])
 start = time.perf_counter()
-model.fit(train, batch_size=1024, epochs=2, callbacks=[validation])
+history = model.fit(train, batch_size=1024, epochs=2, callbacks=[validation])
+print("valid recall_at_20 by epoch:",
+      " ".join(f"{value:.4f}" for value in history.history["val_recall_at_20"]))
 
 seen = np.concatenate([train_items, rk.datasets.user_items(valid, users)], axis=1)
 results = rk.retrieval.evaluate(
