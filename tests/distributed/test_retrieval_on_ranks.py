@@ -36,8 +36,8 @@ def test_evaluate_on_two_ranks_equals_one(tmp_path):
         path = tmp_path / f"evaluate{nproc}.json"
         torchrun("retrieval_evaluate.py", nproc, path)
         results[nproc] = json.loads(path.read_text())
-    # The same model on both (its initial weights, see the worker) ...
-    np.testing.assert_allclose(results[2]["corpus"], results[1]["corpus"], atol=1e-6)
+    # The same trained model on both (world-size invariance) ...
+    np.testing.assert_allclose(results[2]["corpus"], results[1]["corpus"], atol=1e-5)
     # ... ranked over candidates sliced on 2 ranks gives 1 rank's metrics.
     assert results[1]["results"]["recall_at_10"] > 0
     for name, value in results[1]["results"].items():
