@@ -20,14 +20,14 @@ def test_every_system_and_the_top_k_report(monkeypatch, capsys):
     retrieval.main()
     out = capsys.readouterr().out
     for system in retrieval.SYSTEMS:
-        rate = re.search(rf"^retrieval {system} examples_per_s=(\d+)$", out, re.M)
+        rate = re.search(rf"^retrieval {system} examples_per_s=(\d+)$", out, re.MULTILINE)
         assert rate and int(rate.group(1)) > 0, out
     for baseline in retrieval.SYSTEMS[1:]:
         assert re.search(rf"^retrieval reckeras_over_{baseline} median=\d+\.\d\d "
-                         rf"min=\S+ max=\S+ pairs=1$", out, re.M), out
+                         rf"min=\S+ max=\S+ pairs=1$", out, re.MULTILINE), out
     for shape in ("6000x2000", "256x5000"):
         assert re.search(rf"^topk {shape} exact_top_k_ms=\d+\.\d torch_topk_ms=\d+\.\d$",
-                         out, re.M), out
+                         out, re.MULTILINE), out
 
 
 def test_the_plain_masked_top_k_equals_exact_top_k():
