@@ -308,7 +308,8 @@ class TwoTower(Model):
             raise ValueError(f"candidate_embeddings needs a candidate tower of the id "
                              f"{self.candidate_id!r} alone, got {inputs}; predict on "
                              f"the candidates' rows and read the 'candidate' output")
-        ids = torch.from_numpy(np.array(item_ids, dtype=np.int64))   # a writable copy
+        # A writable copy (np.array of a pyarrow array is read-only, copy or not).
+        ids = torch.from_numpy(np.asarray(item_ids, dtype=np.int64).copy())
         device = _keras_compat.keras_device()
         with torch.no_grad():
             chunks = [self._id_embeddings(ids[start:start + batch_size].to(device), False)

@@ -10,7 +10,10 @@ memory (ties to the lower position, a user's training items left out);
 `merge_top_k` and `all_gather_top_k` merge top-K lists over disjoint
 candidates, on one rank or across ranks; `BruteForceTopK` is the Keras layer
 whose output the retrieval metrics (`rk.metrics.RecallAtK`, `NDCGAtK`,
-`HitRateAtK`, `MRR`) read.
+`HitRateAtK`, `MRR`) read. `evaluate` runs all of it for a trained
+two-tower model in one call (its query and candidate towers, exact top-K
+over the corpus, training items left out, the metrics), and
+`RetrievalEvaluation` is the callback that reports it at the end of epochs.
 
 Example:
 
@@ -21,6 +24,7 @@ scores, top = rk.retrieval.exact_top_k(user_vectors, item_vectors, 20,
 """
 
 from reckeras.retrieval.cross_rank import gather_candidates
+from reckeras.retrieval.evaluation import RetrievalEvaluation, evaluate
 from reckeras.retrieval.frequency import FrequencyEstimator
 from reckeras.retrieval.losses import (
     accidental_hits,
@@ -31,6 +35,7 @@ from reckeras.retrieval.losses import (
 from reckeras.retrieval.negatives import NegativeSampler
 from reckeras.retrieval.topk import BruteForceTopK, all_gather_top_k, exact_top_k, merge_top_k
 
-__all__ = ["BruteForceTopK", "FrequencyEstimator", "NegativeSampler", "accidental_hits",
-           "all_gather_top_k", "bpr_loss", "cosine_contrastive_loss", "exact_top_k",
-           "gather_candidates", "merge_top_k", "sampled_softmax_loss"]
+__all__ = ["BruteForceTopK", "FrequencyEstimator", "NegativeSampler", "RetrievalEvaluation",
+           "accidental_hits", "all_gather_top_k", "bpr_loss", "cosine_contrastive_loss",
+           "evaluate", "exact_top_k", "gather_candidates", "merge_top_k",
+           "sampled_softmax_loss"]

@@ -1,6 +1,7 @@
 """Exact top-K over candidates sharded on 2 ranks equals 1 rank holding all
-of them, and the retrieval metrics of evaluate on 2 ranks at batch b equal
-1 rank at batch 2b (DESIGN invariant 2)."""
+of them, the retrieval metrics of evaluate on 2 ranks at batch b equal
+1 rank at batch 2b (DESIGN invariant 2), and rk.retrieval.evaluate on 2
+ranks equals 1."""
 
 import json
 
@@ -27,3 +28,17 @@ def test_two_ranks_equal_one(tmp_path):
     assert single["evaluate"]["top_k_recall_at_10"] > 0
     for name, value in single["evaluate"].items():
         assert double["evaluate"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+
+
+def test_evaluate_on_two_ranks_equals_one(tmp_path):
+    results = {}
+    for nproc in (1, 2):
+        path = tmp_path / f"evaluate{nproc}.json"
+        torchrun("retrieval_evaluate.py", nproc, path)
+        results[nproc] = json.loads(path.read_text())
+    # The same trained model on both (world-size invariance) ...
+    np.testing.assert_allclose(results[2]["corpus"], results[1]["corpus"], atol=1e-5)
+    # ... ranked over candidates sliced on 2 ranks gives 1 rank's metrics.
+    assert results[1]["results"]["recall_at_10"] > 0
+    for name, value in results[1]["results"].items():
+        assert results[2]["results"][name] == pytest.approx(value, rel=1e-9), name
