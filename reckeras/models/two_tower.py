@@ -164,6 +164,10 @@ class TwoTower(Model):
                                    norm=self.norm, name="candidate_tower")
         self.frequency = FrequencyEstimator(frequency_buckets, frequency_alpha) \
             if loss == "softmax" and logq_correction else None
+        if self.frequency is not None:
+            # Built now: `call` never runs it (the loss does), so Keras's
+            # symbolic build of this model would leave it unbuilt.
+            self.frequency.build()
         self._sides = {"query": _side_columns(columns, query_features),
                        "candidate": _side_columns(columns, candidate_features)}
         self._id_slot = [s.name for s in columns.sparse_specs].index(self.candidate_id)

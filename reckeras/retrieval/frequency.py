@@ -75,6 +75,14 @@ class FrequencyEstimator(keras.layers.Layer):
                              f"got {alpha!r}")
         self.num_buckets: int = int(num_buckets)
         self.alpha: float = float(alpha)
+
+    def build(self, input_shape: Any = None) -> None:
+        """Makes the estimate's state (its size is `num_buckets`, whatever
+        the ids' shape).
+
+        Args:
+            input_shape: the ids' shape (unused).
+        """
         buckets = (self.num_buckets,)
         self.last_step: keras.Variable = self.add_weight(
             shape=buckets, initializer="zeros", dtype="int64", trainable=False,
@@ -83,6 +91,7 @@ class FrequencyEstimator(keras.layers.Layer):
             shape=buckets, initializer="zeros", dtype="float32", trainable=False, name="gap")
         self.step: keras.Variable = self.add_weight(
             shape=(), initializer="zeros", dtype="int64", trainable=False, name="step")
+        self.built = True
 
     def buckets(self, ids: torch.Tensor) -> torch.Tensor:
         """The bucket of every id: its 64-bit mix, modulo `num_buckets`.
