@@ -398,6 +398,21 @@ class PhysicalTable(RowStore):
             reserved[array.shape[0] - 1:rows].zero_()
         return reserved[:rows]
 
+    def reserve_rows(self, extra: int) -> None:
+        """Makes room for `extra` more rows now, so that inserting them
+        later neither rehashes the index nor moves the row arrays.
+
+        A loaded table's arrays hold its rows exactly; the first rows
+        inserted after a load then move them (into reserved memory for a
+        large CPU table): 2.8 s for a 2.6M-row table on a loaded 2-core
+        CPU, where a serving delta writing 460k rows in place takes 0.2 s.
+
+        Args:
+            extra: rows to make room for, beyond those held.
+        """
+        self._reserve(extra)
+        self._grow_rows(self.num_rows + extra)
+
     def find_or_insert(self, keys: torch.Tensor,
                        tags: torch.Tensor | None = None) -> torch.Tensor:
         """Rows of `keys`, creating (and initializing) rows for new keys.

@@ -75,6 +75,13 @@ class RowIndex(Protocol):
             int64 rows.
         """
 
+    def reserve_rows(self, extra: int) -> None:
+        """Makes room for `extra` more rows now (no move when they come).
+
+        Args:
+            extra: rows beyond those held.
+        """
+
     def track_tags(self) -> None:
         """Keeps each row's logical table from now on."""
 

@@ -1,11 +1,10 @@
-"""Serving deltas read back: checked, then merged into a served version's tables.
+"""Serving deltas read back: checked against the served version, their rows decoded.
 
 `export_serving(..., base=...)` writes a delta (see `artifact`); a predictor
-applies it (`Predictor.apply_delta`) by building the next version off to the
-side with the functions here, then swapping one reference. Nothing here
-changes a table a request may be reading: a table that the delta touches is
-rebuilt from a copy of its rows, the others are shared by both versions.
-Like the rest of `reckeras.serving`, nothing here imports Keras.
+applies it (`Predictor.apply_delta`): it checks the delta and reads its rows
+with the functions here, then writes them into the table copy no request
+reads (`table_copies`) and swaps one reference. Like the rest of
+`reckeras.serving`, nothing here imports Keras.
 """
 
 from __future__ import annotations
@@ -13,12 +12,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from reckeras.embedding.table_state import TableState
 from reckeras.serving import artifact
 
 
@@ -106,34 +103,3 @@ def table_rows(path: str, files: list[str], error: type[artifact.ArtifactError]
         rows.append(artifact.decode_rows(stored))
         removed.append(stored.get("deleted", torch.zeros(0, dtype=torch.int64)))
     return torch.cat(keys), torch.cat(rows), torch.cat(removed)
-
-
-def merged(state: TableState, keys: torch.Tensor, rows: torch.Tensor,
-           removed: torch.Tensor) -> TableState:
-    """A table's rows after a delta: a new copy, `state` left as it was.
-
-    Args:
-        state: the served table's rows (`EmbeddingEngine.table_states`).
-        keys, rows: the delta's rows of the table (changed or new).
-        removed: the keys the delta removes.
-
-    Returns:
-        The rows of `state` whose keys the delta neither rewrites nor
-        removes, then the delta's rows.
-
-    Example:
-
-    ```python
-    merged(state, torch.tensor([7]), torch.ones(1, 4), torch.tensor([9]))
-    ```
-    """
-    old_keys = torch.as_tensor(state.keys)
-    gone = torch.sort(torch.cat([keys, removed])).values
-    # A binary search per row (torch.isin takes 10x longer on this CPU).
-    at = torch.searchsorted(gone, old_keys).clamp_(max=max(gone.numel() - 1, 0))
-    kept = gone[at] != old_keys if gone.numel() else torch.ones_like(old_keys, dtype=torch.bool)
-    old_rows = torch.as_tensor(state.weights)
-    new_keys = torch.cat([old_keys[kept], keys])
-    return TableState(state.layout, new_keys.numpy(),
-                      torch.cat([old_rows[kept], rows.to(old_rows.dtype)]).numpy(),
-                      np.zeros((new_keys.numel(), 0), np.float32))

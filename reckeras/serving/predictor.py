@@ -9,10 +9,13 @@ layers rewritten onto prepacked weights (`packed_linear`). Only torch,
 numpy, pyarrow and safetensors are needed.
 
 What a request reads (tables, program, statistics) is one immutable
-`ServedVersion`. `apply_delta` builds the next one off to the side and
-swaps the predictor's one reference to it; a request takes the reference
-once when it starts, so it is answered wholly by one version, and an old
-version is freed when the last request holding it ends.
+`ServedVersion`. The tables are held twice (`table_copies`): `apply_delta`
+writes the delta into the copy no request reads, swaps the predictor's one
+reference to a version of it, waits until the last request reading the
+other copy has ended and writes the delta there too. A request takes the
+reference once when it starts (and says it reads that copy), so it is
+answered wholly by one version, and an old version's program is freed when
+the last request holding it ends.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from reckeras.embedding.engine import EmbeddingEngine
 from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.table_state import TableState
 from reckeras.features.encode import as_tensors, encode, raw_columns
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import FeatureSpec, deserialize
 from reckeras.serving import artifact, delta, packed_linear
+from reckeras.serving.table_copies import TableCopy, new_engine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +51,7 @@ class ServedVersion:
         rows_written_at: when the export read the rows (seconds since the
             epoch, from the manifest; None for a version-1 artifact).
         layers: per embedding layer, `(packing, engine, output mode)`.
+        copy: which of the predictor's two table copies `layers` are (0 or 1).
         program: the dense network (the loaded program, layers packed).
         mean: the Numeric features' adapted means.
         std: their standard deviations.
@@ -63,6 +67,7 @@ class ServedVersion:
     version: str
     rows_written_at: float | None
     layers: tuple
+    copy: int
     program: torch.nn.Module
     mean: torch.Tensor
     std: torch.Tensor
@@ -110,26 +115,31 @@ class Predictor:
             specs = [deserialize(s) for s in layer["features"]]
             plan = TransformPlan(specs)
             packing = PackingPlan(plan.slots, plan.sparse_in_declaration_order)
-            engine = _engine(packing)
             states = []
-            for table, layout in enumerate(engine.table_layouts()):
+            for table, layout in enumerate(new_engine(packing).table_layouts()):
                 keys, rows, _ = delta.table_rows(self.path, layer["tables"][table]["files"],
                                                  artifact.ArtifactError)
                 states.append(TableState(layout, keys.numpy(), rows.numpy(),
                                          np.zeros((keys.numel(), 0), np.float32)))
-            engine.load_table_states(states)
-            layers.append((packing, engine, layer["output"]))
-        self._served = self._version(manifest, tuple(layers), module)
+            layers.append((packing, states, layer["output"]))
+        # Two copies of the tables: a delta is written into the one no
+        # request reads (see `table_copies`).
+        self._copies = [TableCopy([(packing, new_engine(packing, states), output)
+                                   for packing, states, output in layers]) for _ in range(2)]
+        self._readers = [0, 0]          # requests reading each copy now
+        self._reading = threading.Condition()
+        self._served = self._version(manifest, 0, module)
         self._applying = threading.Lock()       # one delta at a time
         self.outputs: list[str] | None = manifest["outputs"]
 
-    def _version(self, manifest, layers, program):
+    def _version(self, manifest, copy, program):
         # The kernels of the dense layers never change within a version:
         # packed once for oneDNN here, they run in half the time.
         packed_linear.pack_linear_layers(program)
         statistics = manifest["statistics"]
-        return ServedVersion(manifest["version"], manifest["rows_written_at"], layers,
-                             program, torch.tensor(statistics["mean"], dtype=torch.float32),
+        return ServedVersion(manifest["version"], manifest["rows_written_at"],
+                             tuple(self._copies[copy].layers), copy, program,
+                             torch.tensor(statistics["mean"], dtype=torch.float32),
                              torch.tensor(statistics["std"], dtype=torch.float32))
 
     @property
@@ -145,13 +155,17 @@ class Predictor:
     def apply_delta(self, path: str | os.PathLike) -> str:
         """Applies a delta written by `export_serving(..., base=...)`, atomically.
 
-        The next version is built off to the side: the tables the delta
-        touches are rebuilt from a copy of their rows (rows rewritten or
-        added, removed ids dropped), the others shared; the dense network
-        is a new module with the delta's weights. Then one reference is
-        swapped: requests already running finish on the old version, later
-        ones read the new one. A delta that fails any check changes nothing.
-        Deltas are applied one at a time (a second call waits).
+        The delta is read and checked whole first; then its rows are
+        written, in place, into the copy of the tables no request reads
+        (rows rewritten or added, removed ids' rows zeroed: they read
+        zeros, as an id never seen does), and the dense network is a new
+        module with the delta's weights. Then one reference is swapped:
+        requests already running finish on the old version, later ones
+        read the new one. The call returns once the requests that read the
+        other copy have ended and the delta is written there too (that
+        copy is rebuilt from its live rows when removed ids left too many
+        dead rows, see `table_copies`). A delta that fails a check changes
+        nothing. Deltas are applied one at a time (a second call waits).
 
         Args:
             path: the delta's directory.
@@ -175,8 +189,11 @@ class Predictor:
         with self._applying:
             served = self._served
             manifest = delta.read_delta(path, self.manifest, served.version)
-            layers = tuple(self._layer_after(path, entry, layer) for entry, layer in
-                           zip(manifest["embedding_layers"], served.layers, strict=True))
+            changes = [[delta.table_rows(path, table["files"], artifact.DeltaError)
+                        for table in entry["tables"]]
+                       if any(table["num_rows"] or table["num_removed"]
+                              for table in entry["tables"]) else None
+                       for entry in manifest["embedding_layers"]]
             file = os.path.join(path, artifact.DENSE_WEIGHTS)
             try:
                 weights = load_file(file)
@@ -187,20 +204,20 @@ class Predictor:
                 # The new module gets its own tensors; the served version's
                 # are not touched.
                 _replace_tensor(program, name, value)
-            self._served = self._version(manifest, layers, program)
+            spare = 1 - served.copy
+            self._until_unread(spare)      # requests of the version before `served`
+            self._copies[spare].write(changes)
+            self._served = self._version(manifest, spare, program)
+            self._until_unread(served.copy)
+            self._copies[served.copy].write(changes)
+            self._copies[served.copy].compact()
             return self._served.version
 
-    def _layer_after(self, path, entry, layer):
-        """One embedding layer after a delta: the same object when the delta
-        changes none of its tables."""
-        if not any(table["num_rows"] or table["num_removed"] for table in entry["tables"]):
-            return layer
-        packing, engine, output = layer
-        states = [delta.merged(state, *delta.table_rows(path, table["files"],
-                                                        artifact.DeltaError))
-                  for state, table in zip(engine.table_states(), entry["tables"],
-                                          strict=True)]
-        return packing, _engine(packing, states), output
+    def _until_unread(self, copy):
+        """Waits until no request reads table copy `copy` (none starts to:
+        it is not the served one)."""
+        with self._reading:
+            self._reading.wait_for(lambda: self._readers[copy] == 0)
 
     @property
     def input_columns(self) -> list[str]:
@@ -251,7 +268,17 @@ class Predictor:
         scores, version = predictor.predict_with_version({"I1": [1.0], "C1": [7]})
         ```
         """
-        served = self._served        # this request's version, whatever is applied now
+        with self._reading:     # this request's version, whatever is applied now
+            served = self._served
+            self._readers[served.copy] += 1
+        try:
+            return self._predict(served, batch)
+        finally:
+            with self._reading:
+                self._readers[served.copy] -= 1
+                self._reading.notify_all()
+
+    def _predict(self, served, batch):
         inputs = as_tensors(encode(self.specs, batch))
         with torch.inference_mode():
             if self.plan.numeric:
@@ -280,15 +307,6 @@ def _replace_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -> 
     if isinstance(getattr(module, attribute), torch.nn.Parameter):
         value = torch.nn.Parameter(value, requires_grad=False)
     setattr(module, attribute, value)
-
-
-def _engine(packing: PackingPlan, states: list[TableState] | None = None) -> EmbeddingEngine:
-    """Plain tables (admission, eviction and caching are training matters)
-    on the host, where requests arrive, holding `states` if given."""
-    engine = EmbeddingEngine(packing, device="cpu")
-    if states is not None:
-        engine.load_table_states(states)
-    return engine
 
 
 def load(path: str | os.PathLike) -> Predictor:

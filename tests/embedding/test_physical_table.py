@@ -222,3 +222,16 @@ def test_a_process_that_ends_during_a_background_build_exits_cleanly(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "leaving while the build runs" in done.stdout
     assert "terminate called" not in done.stderr
+
+
+def test_reserved_rows_are_inserted_without_moving_the_arrays():
+    table = PhysicalTable(dim=4, seed=1)
+    table.load({"keys": np.arange(100), "weights": np.ones((100, 4), np.float32),
+                "state": np.zeros((100, 0), np.float32)})
+    table.reserve_rows(50)
+    weights, slots = table.weights.data_ptr(), table.slot_keys.data_ptr()
+    rows = table.find_or_insert(torch.arange(100, 150))
+    assert torch.equal(rows, torch.arange(100, 150))
+    assert (table.weights.data_ptr(), table.slot_keys.data_ptr()) == (weights, slots)
+    np.testing.assert_array_equal(table.find(torch.arange(150)).numpy(), np.arange(150))
+    np.testing.assert_array_equal(table.weights[:100].numpy(), np.ones((100, 4)))
