@@ -21,6 +21,7 @@ the last request holding it ends.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 from typing import Any
@@ -38,6 +39,8 @@ from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import FeatureSpec, deserialize
 from reckeras.serving import artifact, delta, packed_linear
 from reckeras.serving.table_copies import TableCopy, new_engine
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,7 @@ class Predictor:
         self._copies = [TableCopy([(packing, new_engine(packing, states), output)
                                    for packing, states, output in layers]) for _ in range(2)]
         self._readers = [0, 0]          # requests reading each copy now
+        self._stale = [False, False]    # a copy a failed write left half-written
         self._reading = threading.Condition()
         self._served = self._version(manifest, 0, module)
         self._applying = threading.Lock()       # one delta at a time
@@ -206,12 +210,31 @@ class Predictor:
                 _replace_tensor(program, name, value)
             spare = 1 - served.copy
             self._until_unread(spare)      # requests of the version before `served`
-            self._copies[spare].write(changes)
+            self._write(spare, changes)    # raises: the served version is untouched
             self._served = self._version(manifest, spare, program)
             self._until_unread(served.copy)
-            self._copies[served.copy].write(changes)
-            self._copies[served.copy].compact()
+            try:
+                self._write(served.copy, changes)
+                self._copies[served.copy].compact()
+            except (MemoryError, RuntimeError):
+                # The delta is served; the copy is rebuilt before its next write.
+                _log.exception("%s: writing the delta into the standby copy of the "
+                               "tables failed; it is rebuilt from the served copy "
+                               "before the next delta", path)
             return self._served.version
+
+    def _write(self, copy, changes):
+        """Writes a delta into table copy `copy`; a copy a failed write left
+        half-written is first rebuilt from the other, which holds the served
+        version's rows."""
+        if self._stale[copy]:
+            self._copies[copy] = TableCopy.of_live_rows(self._copies[1 - copy])
+            self._stale[copy] = False
+        try:
+            self._copies[copy].write(changes)
+        except BaseException:
+            self._stale[copy] = True
+            raise
 
     def _until_unread(self, copy):
         """Waits until no request reads table copy `copy` (none starts to:

@@ -125,13 +125,32 @@ class TableCopy:
             if not any(int(mask.sum()) > COMPACT_AT * max(store.num_rows, 1)
                        for store, mask in zip(engine.tables, dead, strict=True)):
                 continue
-            states = []
-            for layout, store, mask in zip(engine.table_layouts(), engine.tables, dead,
-                                           strict=True):
-                live = ~mask.numpy()
-                rows = store.export()
-                states.append(TableState(layout, rows["keys"][live], rows["weights"][live],
-                                         np.zeros((int(live.sum()), 0), np.float32)))
-            engine = new_engine(packing, states)
+            engine = new_engine(packing, _live_states(engine, dead))
             self.layers[position] = (packing, engine, output)
             self.dead[position] = self._no_dead_rows(engine)
+
+    @classmethod
+    def of_live_rows(cls, other: TableCopy) -> TableCopy:
+        """A new copy holding the live rows of `other` (which requests may
+        read meanwhile: this only reads it).
+
+        Args:
+            other: the copy to take the rows of.
+
+        Returns:
+            A copy with new engines and no dead rows.
+        """
+        return cls([(packing, new_engine(packing, _live_states(engine, dead)), output)
+                    for (packing, engine, output), dead in zip(other.layers, other.dead,
+                                                               strict=True)])
+
+
+def _live_states(engine: EmbeddingEngine, dead: list[torch.Tensor]) -> list[TableState]:
+    """The `TableState` of each physical table's live rows."""
+    states = []
+    for layout, store, mask in zip(engine.table_layouts(), engine.tables, dead, strict=True):
+        live = ~mask.numpy()
+        rows = store.export()
+        states.append(TableState(layout, rows["keys"][live], rows["weights"][live],
+                                 np.zeros((int(live.sum()), 0), np.float32)))
+    return states

@@ -5,6 +5,7 @@ applies deltas without rebuilding its tables."""
 import keras
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,3 +126,72 @@ def test_a_predictor_writes_deltas_into_the_tables_it_loaded(tmp_path):
     assert [engine for _, engine, _ in predictor.served.layers] == loaded
     full = reckeras.serving.load(model.export_serving(tmp_path / "full"))
     np.testing.assert_array_equal(predictor.predict(query), full.predict(query))
+
+
+def test_a_write_that_fails_halfway_changes_no_served_row_and_is_redone(tmp_path,
+                                                                        monkeypatch):
+    # Two physical tables (dims 4 and 2): the standby copy's write fails for
+    # real on the second table's insert, after the first table was written.
+    keras.utils.set_random_seed(0)
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=4),
+                                        rk.features.Categorical("b", dim=2)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
+    joined = keras.layers.Concatenate()([dense, embedded])
+    model = rk.Model(inputs, rk.layers.MLP([8, 1], output_activation="sigmoid")(joined))
+    model.compile(optimizer="adam", loss="binary_crossentropy",
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
+    rng = np.random.default_rng(0)
+    query = pa.table({"n": rng.normal(size=100).astype(np.float32),
+                      "a": np.arange(-5, 95), "b": np.arange(100) % 7})
+
+    def train(ids, b=None):
+        model.fit_windows([pa.table({"n": rng.normal(size=len(ids)).astype(np.float32),
+                                     "a": ids, "b": ids % 7 if b is None else b, "label": (
+                                         rng.random(len(ids)) < 0.5).astype(np.float32)})],
+                          batch_size=8, verbose=0)
+    train(np.arange(30))
+    model.export_serving(tmp_path / "v1")
+    predictor = reckeras.serving.load(tmp_path / "v1")
+    before = predictor.predict(query)
+    train(np.arange(20, 60))
+    model.export_serving(tmp_path / "v2", base=tmp_path / "v1")
+    from reckeras.embedding.physical_table import PhysicalTable
+    real = PhysicalTable.find_or_insert
+
+    def fail_at(call):
+        inserts = []
+
+        def failing(self, keys, tags=None):
+            inserts.append(len(keys))
+            if len(inserts) == call:
+                raise MemoryError("injected: no memory for the second table's rows")
+            return real(self, keys, tags)
+        monkeypatch.setattr(PhysicalTable, "find_or_insert", failing)
+
+    # Calls 1 and 2 write the standby copy, 3 and 4 the copy served before.
+    fail_at(2)
+    with pytest.raises(MemoryError, match="injected"):
+        predictor.apply_delta(tmp_path / "v2")
+    monkeypatch.setattr(PhysicalTable, "find_or_insert", real)
+    assert predictor.version == reckeras.serving.load(tmp_path / "v1").version
+    np.testing.assert_array_equal(predictor.predict(query), before)
+    predictor.apply_delta(tmp_path / "v2")           # applied again: exact
+    np.testing.assert_allclose(predictor.predict(query), model.predict(query, verbose=0),
+                               atol=1e-5, rtol=0)
+    # After the swap: the version is served, the copy left half-written is
+    # rebuilt before the next delta is written into it.
+    train(np.arange(50, 90))
+    model.export_serving(tmp_path / "v3", base=tmp_path / "v2")
+    fail_at(4)
+    predictor.apply_delta(tmp_path / "v3")
+    monkeypatch.setattr(PhysicalTable, "find_or_insert", real)
+    np.testing.assert_allclose(predictor.predict(query), model.predict(query, verbose=0),
+                               atol=1e-5, rtol=0)
+    train(np.arange(0, 100, 3), b=np.zeros(34, np.int64))   # b's other rows as in v3
+    model.export_serving(tmp_path / "v4", base=tmp_path / "v3")
+    predictor.apply_delta(tmp_path / "v4")           # into the rebuilt copy
+    np.testing.assert_allclose(predictor.predict(query), model.predict(query, verbose=0),
+                               atol=1e-5, rtol=0)
