@@ -163,13 +163,13 @@ def train_and_test(model, train, valid, test, epochs, seed, labels=None):
     """Trains `model` with the protocol; test AUC and logloss (per task for
     dict `labels`), the epochs trained and the best epoch."""
     multitask = isinstance(labels, dict)
-    metrics = [rk.metrics.AUC()]
+    # One AUC object per task: a shared one would pool every task's predictions.
     model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE),
                   embedding_optimizer=rk.optimizers.Adam(LEARNING_RATE),
                   loss={task: "binary_crossentropy" for task in labels} if multitask
                   else "binary_crossentropy",
-                  metrics={task: list(metrics) for task in labels} if multitask
-                  else metrics)
+                  metrics={task: [rk.metrics.AUC()] for task in labels} if multitask
+                  else [rk.metrics.AUC()])
     monitor = "val_ctcvr_auc" if multitask else "val_auc"
     stopper = keras.callbacks.EarlyStopping(monitor=monitor, mode="max",
                                             patience=PATIENCE, restore_best_weights=True)
