@@ -66,7 +66,8 @@ NO_REGULARIZATION = {"dropout": 0.0, "embedding_l2": 0.0}
 
 MODELS = {
     "dlrm": lambda: rk.models.dlrm(taobao_columns("sum"),
-                                   bottom_units=(64, DIM), top_units=TOP_UNITS, **NO_REGULARIZATION),
+                                   bottom_units=(64, DIM), top_units=TOP_UNITS,
+                                   **NO_REGULARIZATION),
     "dcn_v2": lambda: rk.models.dcn_v2(taobao_columns("sum"), cross_layers=2,
                                        deep_units=TOP_UNITS[:-1], **NO_REGULARIZATION),
     "deepfm": lambda: rk.models.deepfm(taobao_columns("mean"),

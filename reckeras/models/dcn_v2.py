@@ -42,9 +42,10 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
         structure: `"stacked"` or `"parallel"`.
         output_activation: activation of the output layer.
         table_options: per-table options, passed to `ShardedEmbedding`.
-        dropout: dropout rate after each hidden layer of the deep MLP. The default, 0.2, was chosen by the zoo's sweep
-            (docs/models.md, "The tower sweep"): against no dropout it
-            stops rare ids' rows from memorizing their labels' noise.
+        dropout: dropout rate after each hidden layer of the deep MLP.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         norm: normalization of each hidden layer of the deep MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
         embedding_l2: the L2 factor of an embedding regularizer on every

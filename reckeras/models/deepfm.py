@@ -45,9 +45,10 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
         columns: a `rk.layers.FeatureColumns` whose sparse features are
             pooled and share one dim (the FM's factors).
         deep_units: widths of the deep MLP's hidden layers.
-        dropout: dropout rate after each hidden layer of the deep MLP. The default, 0.2, was chosen by the zoo's sweep
-            (docs/models.md, "The tower sweep"): against no dropout it
-            stops rare ids' rows from memorizing their labels' noise.
+        dropout: dropout rate after each hidden layer of the deep MLP.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         output_activation: activation applied to the summed logit.
         table_options: per-table options, passed to `ShardedEmbedding`
             (of the factor tables).

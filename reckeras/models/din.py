@@ -184,9 +184,10 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
         top_units: widths of the top MLP; the last is the output width.
         output_activation: activation of the last top layer.
         table_options: per-table options, passed to `ShardedEmbedding`.
-        dropout: dropout rate after each hidden layer of the top MLP. The default, 0.2, was chosen by the zoo's sweep
-            (docs/models.md, "The tower sweep"): against no dropout it
-            stops rare ids' rows from memorizing their labels' noise.
+        dropout: dropout rate after each hidden layer of the top MLP.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         norm: normalization of each hidden layer of the top MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
         embedding_l2: the L2 factor of an embedding regularizer on every

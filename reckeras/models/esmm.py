@@ -216,9 +216,10 @@ def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
         tower_units: hidden widths of each tower (the CTR and the CVR tower
             have the same shape); each tower ends with one sigmoid unit.
             `()` makes each tower a logistic regression.
-        dropout: dropout rate after each hidden layer of the towers. The default, 0.2, was chosen by the zoo's sweep
-            (docs/models.md, "The tower sweep"): against no dropout it
-            stops rare ids' rows from memorizing their labels' noise.
+        dropout: dropout rate after each hidden layer of the towers.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         table_options: per-table options, passed to `ShardedEmbedding`.
         norm: normalization of each hidden layer of the towers: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
