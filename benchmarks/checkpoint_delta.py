@@ -176,7 +176,7 @@ def main():
             [F.Numeric(f"I{i}", transform="log1p") for i in range(1, 14)]
             + [F.Categorical(f"C{i}", dim=args.dim) for i in range(1, 27)])
         model = rk.models.dlrm(columns, bottom_units=(*args.bottom, args.dim),
-                               top_units=(*args.top, 1))
+                               top_units=(*args.top, 1), dropout=0.0, embedding_l2=0.0)
         model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy",
                       embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
                       metrics=[rk.metrics.AUC()])

@@ -63,7 +63,7 @@ def build(dim: int, bottom: tuple[int, ...], top: tuple[int, ...], aging: int | 
     options = {f"C{i}": rk.embedding.TableOptions(evict_idle_windows=aging)
                for i in range(1, 27)} if aging else None
     model = rk.models.dlrm(columns, bottom_units=(*bottom, dim), top_units=(*top, 1),
-                           table_options=options)
+                           table_options=options, dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05),
                   metrics=[rk.metrics.AUC()])

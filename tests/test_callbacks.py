@@ -11,7 +11,8 @@ def small_model():
     keras.utils.set_random_seed(0)
     columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
                                         rk.features.Categorical("a", dim=4)])
-    model = rk.models.dlrm(columns, bottom_units=(4,), top_units=(4, 1))
+    model = rk.models.dlrm(columns, bottom_units=(4,), top_units=(4, 1),
+                           dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer="adam", loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.Adagrad(0.1),
                   metrics=[rk.metrics.AUC()])

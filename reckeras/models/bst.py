@@ -22,7 +22,7 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
         dropout: float = 0.1, learned_positions: bool = True, norm_first: bool = True,
         top_units: _Sequence[int] = (200, 80, 1), output_activation: Any = "sigmoid",
         table_options: dict[str, Any] | None = None,
-        norm: str | None = None, embedding_l2: float = 0.0) -> Model:
+        norm: str | None = None, embedding_l2: float = 1e-4) -> Model:
     """An uncompiled BST over `columns`.
 
     The target item is put in front of the user's behaviours, and the
@@ -44,7 +44,9 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
             (the sum of the histories' dims).
         ff_dim: feed-forward width; 4 times the behaviour width by default.
         dropout: dropout rate of the blocks and after each hidden layer of
-            the top MLP.
+            the top MLP. The default, 0.1, is the blocks' (the zoo's sweep,
+            docs/models.md, measured the MLP towers' 0.2 on models
+            without blocks).
         learned_positions: add learned position embeddings (first block).
         norm_first: pre-LN blocks (BST uses post-LN, which trains slower
             here: 0.805 against 0.817 test AUC on `taobao_synth`).
@@ -57,7 +59,9 @@ def bst(columns: FeatureColumns, history: dict[str, str] | None = None,
         embedding_l2: the L2 factor of an embedding regularizer on every
             table (`keras.regularizers.L2(embedding_l2)` as the
             `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
-            batch looks up, docs/regularization.md); 0 adds none.
+            batch looks up, docs/regularization.md); 0 adds none. The
+            default, 1e-4, was chosen with `dropout` by the zoo's sweep
+            (docs/models.md, "The tower sweep").
 
     Returns:
         An `rk.Model`.

@@ -23,8 +23,8 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
            deep_units: _Sequence[int] = (256, 128), structure: str = "stacked",
            output_activation: Any = "sigmoid",
            table_options: dict[str, Any] | None = None,
-           dropout: float = 0.0, norm: str | None = None,
-           embedding_l2: float = 0.0) -> Model:
+           dropout: float = 0.2, norm: str | None = None,
+           embedding_l2: float = 1e-4) -> Model:
     """An uncompiled DCN-V2 over `columns`.
 
     The dense features and every pooled embedding are concatenated into
@@ -43,12 +43,17 @@ def dcn_v2(columns: FeatureColumns, cross_layers: int = 3, low_rank: int | None 
         output_activation: activation of the output layer.
         table_options: per-table options, passed to `ShardedEmbedding`.
         dropout: dropout rate after each hidden layer of the deep MLP.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         norm: normalization of each hidden layer of the deep MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
         embedding_l2: the L2 factor of an embedding regularizer on every
             table (`keras.regularizers.L2(embedding_l2)` as the
             `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
-            batch looks up, docs/regularization.md); 0 adds none.
+            batch looks up, docs/regularization.md); 0 adds none. The
+            default, 1e-4, was chosen with `dropout` by the zoo's sweep
+            (docs/models.md, "The tower sweep").
 
     Returns:
         An `rk.Model`.

@@ -30,9 +30,9 @@ def _first_order_specs(columns: FeatureColumns) -> list[FeatureSpec]:
 
 
 def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
-           dropout: float = 0.0, output_activation: Any = "sigmoid",
+           dropout: float = 0.2, output_activation: Any = "sigmoid",
            table_options: dict[str, Any] | None = None,
-           norm: str | None = None, embedding_l2: float = 0.0) -> Model:
+           norm: str | None = None, embedding_l2: float = 1e-4) -> Model:
     """An uncompiled DeepFM over `columns`.
 
     The logit is the sum of three terms sharing one input: a first-order
@@ -46,6 +46,9 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
             pooled and share one dim (the FM's factors).
         deep_units: widths of the deep MLP's hidden layers.
         dropout: dropout rate after each hidden layer of the deep MLP.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         output_activation: activation applied to the summed logit.
         table_options: per-table options, passed to `ShardedEmbedding`
             (of the factor tables).
@@ -54,7 +57,9 @@ def deepfm(columns: FeatureColumns, deep_units: _Sequence[int] = (256, 128),
         embedding_l2: the L2 factor of an embedding regularizer on every
             table, the first-order weights' included (`keras.regularizers.L2(embedding_l2)` as the
             `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
-            batch looks up, docs/regularization.md); 0 adds none.
+            batch looks up, docs/regularization.md); 0 adds none. The
+            default, 1e-4, was chosen with `dropout` by the zoo's sweep
+            (docs/models.md, "The tower sweep").
 
     Returns:
         An `rk.Model`.

@@ -159,8 +159,8 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
         softmax: bool = False, top_units: _Sequence[int] = (200, 80, 1),
         output_activation: Any = "sigmoid",
         table_options: dict[str, Any] | None = None,
-        dropout: float = 0.0, norm: str | None = None,
-        embedding_l2: float = 0.0) -> Model:
+        dropout: float = 0.2, norm: str | None = None,
+        embedding_l2: float = 1e-4) -> Model:
     """An uncompiled DIN over `columns`.
 
     The target item attends over the user's behaviours with DIN's activation
@@ -185,12 +185,17 @@ def din(columns: FeatureColumns, history: dict[str, str] | None = None,
         output_activation: activation of the last top layer.
         table_options: per-table options, passed to `ShardedEmbedding`.
         dropout: dropout rate after each hidden layer of the top MLP.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         norm: normalization of each hidden layer of the top MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
         embedding_l2: the L2 factor of an embedding regularizer on every
             table (`keras.regularizers.L2(embedding_l2)` as the
             `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
-            batch looks up, docs/regularization.md); 0 adds none.
+            batch looks up, docs/regularization.md); 0 adds none. The
+            default, 1e-4, was chosen with `dropout` by the zoo's sweep
+            (docs/models.md, "The tower sweep").
 
     Returns:
         An `rk.Model`.

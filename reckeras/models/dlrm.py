@@ -19,8 +19,8 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
          top_units: _Sequence[int] = (512, 256, 1), self_interaction: bool = False,
          output_activation: Any = "sigmoid",
          table_options: dict[str, Any] | None = None,
-         dropout: float = 0.0, norm: str | None = None,
-         embedding_l2: float = 0.0) -> Model:
+         dropout: float = 0.2, norm: str | None = None,
+         embedding_l2: float = 1e-4) -> Model:
     """An uncompiled DLRM over `columns`.
 
     Dense features go through the bottom MLP, whose output joins the pooled
@@ -38,13 +38,17 @@ def dlrm(columns: FeatureColumns, bottom_units: _Sequence[int] = (512, 256, 16),
         table_options: per-table admission/eviction options, passed to
             `ShardedEmbedding`.
         dropout: dropout rate after each hidden layer of the bottom and
-            the top MLP.
+            the top MLP. The default, 0.2, was chosen by the zoo's sweep
+            (docs/models.md, "The tower sweep"): against no dropout it
+            stops rare ids' rows from memorizing their labels' noise.
         norm: normalization of each hidden layer of the bottom and the top MLP: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
         embedding_l2: the L2 factor of an embedding regularizer on every
             table (`keras.regularizers.L2(embedding_l2)` as the
             `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
-            batch looks up, docs/regularization.md); 0 adds none.
+            batch looks up, docs/regularization.md); 0 adds none. The
+            default, 1e-4, was chosen with `dropout` by the zoo's sweep
+            (docs/models.md, "The tower sweep").
 
     Returns:
         An `rk.Model`.

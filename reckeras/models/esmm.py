@@ -185,9 +185,9 @@ def shared_features(
 
 
 def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
-         dropout: float = 0.0,
+         dropout: float = 0.2,
          table_options: dict[str, Any] | None = None,
-         norm: str | None = None, embedding_l2: float = 0.0) -> Model:
+         norm: str | None = None, embedding_l2: float = 1e-4) -> Model:
     """An uncompiled ESMM over `columns`: pCTR and pCTCVR over all impressions.
 
     ESMM (Entire Space Multi-Task Model) estimates the conversion rate
@@ -217,13 +217,18 @@ def esmm(columns: FeatureColumns, tower_units: _Sequence[int] = (200, 80),
             have the same shape); each tower ends with one sigmoid unit.
             `()` makes each tower a logistic regression.
         dropout: dropout rate after each hidden layer of the towers.
+            The default, 0.2, was chosen by the zoo's sweep (docs/models.md,
+            "The tower sweep"): against no dropout it stops rare ids' rows
+            from memorizing their labels' noise.
         table_options: per-table options, passed to `ShardedEmbedding`.
         norm: normalization of each hidden layer of the towers: `None`,
             `"batch"` or `"layer"` (as `rk.layers.MLP`'s `norm`).
         embedding_l2: the L2 factor of an embedding regularizer on every
             table (`keras.regularizers.L2(embedding_l2)` as the
             `ShardedEmbedding`'s `embeddings_regularizer`, on the rows each
-            batch looks up, docs/regularization.md); 0 adds none.
+            batch looks up, docs/regularization.md); 0 adds none. The
+            default, 1e-4, was chosen with `dropout` by the zoo's sweep
+            (docs/models.md, "The tower sweep").
 
     Returns:
         An `rk.Model` with outputs `{"ctr": [B, 1], "ctcvr": [B, 1]}`.

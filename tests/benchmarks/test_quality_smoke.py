@@ -65,3 +65,24 @@ def test_csv_dir_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["quality.py", "--csv-dir", str(tmp_path)])
     with pytest.raises(SystemExit, match=r"valid\.csv"):
         quality.main()
+
+
+def rank_auc(labels, scores):
+    """AUC as the Mann-Whitney statistic (ties count half)."""
+    positive, negative = scores[labels == 1], scores[labels == 0]
+    greater = (positive[:, None] > negative[None, :]).sum()
+    ties = (positive[:, None] == negative[None, :]).sum()
+    return (greater + 0.5 * ties) / (len(positive) * len(negative))
+
+
+def test_multitask_aucs_are_each_tasks_own():
+    table = rk.datasets.load("aliccp_synth", split="train").to_table()
+    train, test = table.slice(0, 3000), table.slice(3000, 2000)
+    builder, columns = quality.DATASETS["aliccp_synth"]["esmm"]
+    model = builder(columns())
+    result, _, _ = quality.train_and_test(model, train, test, test, epochs=1, seed=0,
+                                          labels=quality.TASKS)
+    predictions = model.predict(test, batch_size=4096, verbose=0)
+    for task, label in quality.TASKS.items():
+        expected = rank_auc(test[label].to_numpy(), predictions[task].reshape(-1))
+        assert result[task][0] == pytest.approx(expected, abs=2e-3), task

@@ -17,6 +17,7 @@ def build():
                                         rk.features.Categorical("b", dim=4),
                                         rk.features.Categorical("c", dim=2)])
     model = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(4,),
+                             dropout=0.0, embedding_l2=0.0,
                              table_options={"c": rk.embedding.TableOptions(
                                  evict_idle_windows=2)})
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",

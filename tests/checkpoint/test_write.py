@@ -50,7 +50,7 @@ def build(storage="device", evict=False):
                 storage="host_cached", cache_rows=120, evict_idle_steps=base.evict_idle_steps,
                 evict_every=base.evict_every)
     model = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,),
-                             table_options=options or None)
+                             table_options=options or None, dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.Adagrad(0.1))
     return model

@@ -19,7 +19,8 @@ GENRES = np.array(["Action", "Comedy", "Drama", "Horror", "Romance"])
 def compile_dlrm(features, seed=0):
     keras.utils.set_random_seed(seed)
     columns = rk.layers.FeatureColumns(features)
-    model = rk.models.dlrm(columns, bottom_units=(16, 8), top_units=(32, 1))
+    model = rk.models.dlrm(columns, bottom_units=(16, 8), top_units=(32, 1),
+                           dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),

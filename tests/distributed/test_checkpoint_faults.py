@@ -36,7 +36,8 @@ def build(seed=0):
                                         rk.features.Categorical("a", dim=8),
                                         rk.features.Categorical("b", dim=8),
                                         rk.features.Categorical("c", dim=4)])
-    model = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,))
+    model = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,),
+                             dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.Adagrad(0.1))
     return model
@@ -166,7 +167,8 @@ def test_a_model_with_other_tables_is_refused(trained, ckpt):
                                         rk.features.Categorical("a", dim=8),
                                         rk.features.Categorical("b", dim=8),
                                         rk.features.Categorical("c", dim=6)])
-    other = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,))
+    other = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,),
+                             dropout=0.0, embedding_l2=0.0)
     other.compile(optimizer="adam", loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.Adagrad(0.1))
     other.fit(data(), batch_size=100, epochs=1, verbose=0)

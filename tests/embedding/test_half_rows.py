@@ -168,7 +168,7 @@ def model_with(dtype):
         rk.features.Categorical("b", dim=8)])
     options = {name: rk.embedding.TableOptions(dtype=dtype) for name in ("a", "b")}
     model = rk.models.dcn_v2(columns, cross_layers=1, deep_units=(16,),
-                             table_options=options)
+                             table_options=options, dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.Adagrad(0.1))
     return model

@@ -47,7 +47,7 @@ def build(storage="device"):
     options = {"a": rk.embedding.TableOptions(storage="host_cached", cache_rows=8)} \
         if storage == "host_cached" else None
     model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
-                           table_options=options)
+                           table_options=options, dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
     return model

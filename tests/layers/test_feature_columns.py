@@ -130,7 +130,8 @@ def vector_model():
         rk.features.Numeric("v", shape=(3,), transform="standardize"),
         rk.features.Numeric("n", transform="log1p"),
         rk.features.Categorical("a", dim=4)])
-    model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1))
+    model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
+                           dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
                   metrics=[rk.metrics.AUC()])

@@ -69,9 +69,10 @@ def compile_two_tasks(model):
 
 
 BUILD = {
-    "esmm": lambda: rk.models.esmm(columns(), tower_units=(16,)),
+    "esmm": lambda: rk.models.esmm(columns(), tower_units=(16,), dropout=0.0, embedding_l2=0.0),
     "mmoe": lambda: rk.models.mmoe(columns(), tasks=("ctr", "ctcvr"), num_experts=3,
-                                   expert_units=(16,), tower_units=(8,)),
+                                   expert_units=(16,), tower_units=(8,),
+                                   dropout=0.0, embedding_l2=0.0),
 }
 
 

@@ -1,5 +1,8 @@
 """Every zoo model builds, trains, and round-trips model.save / load_model."""
 
+import inspect
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -151,9 +154,27 @@ def test_tower_options_reach_every_hidden_layer_of_the_towers(name):
         assert kinds.count("Dropout") == hidden
     plain = TOWER_MODELS[name]()
     for tower in plain.layers:
-        if isinstance(tower, rk.layers.MLP):
+        if isinstance(tower, rk.layers.MLP) and len(tower.units) > 1:
             assert tower.norm is None
-            assert tower.dropout == (0.1 if name == "bst" else 0.0)
+            assert tower.dropout == (0.1 if name == "bst" else 0.2)
+
+
+# The zoo's defaults, chosen by the sweep of docs/models.md ("The tower sweep"),
+# which states them; bst keeps its blocks' dropout.
+SWEPT_DEFAULTS = {"dropout": 0.2, "norm": None, "embedding_l2": 1e-4}
+ZOO = ("dlrm", "dcn_v2", "deepfm", "din", "bst", "esmm", "mmoe")
+
+
+@pytest.mark.parametrize("model", ZOO)
+def test_defaults_are_the_sweeps_choice(model):
+    parameters = inspect.signature(getattr(rk.models, model)).parameters
+    expected = dict(SWEPT_DEFAULTS, dropout=0.1) if model == "bst" else SWEPT_DEFAULTS
+    assert {name: parameters[name].default for name in expected} == expected
+
+
+def test_the_models_doc_states_the_defaults():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    assert "defaults are `dropout=0.2`, `norm=None` and `embedding_l2=1e-4`" in doc
 
 
 @pytest.mark.parametrize("name", TOWER_MODELS)
@@ -175,6 +196,8 @@ def test_embedding_l2_regularizes_every_table_of_the_model(name):
         assert isinstance(layer.embeddings_regularizer, keras.regularizers.L2)
         assert layer.embeddings_regularizer.l2 == pytest.approx(0.05)
     for layer in TOWER_MODELS[name]().embedding_layers:
+        assert layer.embeddings_regularizer.l2 == pytest.approx(1e-4)
+    for layer in TOWER_MODELS[name](embedding_l2=0.0).embedding_layers:
         assert layer.embeddings_regularizer is None
 
 
@@ -191,7 +214,7 @@ def test_embedding_l2_counts_in_the_loss():
     losses = {}
     for l2 in (0.0, 0.5):
         keras.utils.set_random_seed(0)
-        model = TOWER_MODELS["dlrm"](embedding_l2=l2)
+        model = TOWER_MODELS["dlrm"](embedding_l2=l2, dropout=0.0)
         model.compile(optimizer="adam", loss="binary_crossentropy",
                       embedding_optimizer=rk.optimizers.SGD(0.1))
         # One step: its loss is the forward's, on the rows it creates.

@@ -58,7 +58,7 @@ def build(storage="device"):
     options = {"a": rk.embedding.TableOptions(evict_idle_windows=K, **cache),
                "b": rk.embedding.TableOptions(**cache)}
     model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
-                           table_options=options)
+                           table_options=options, dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
                   metrics=[rk.metrics.AUC()])
@@ -109,7 +109,8 @@ def test_no_row_counts_without_aging():
     keras.utils.set_random_seed(0)
     columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
                                         rk.features.Categorical("a", dim=4)])
-    model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1))
+    model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
+                           dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer="adam", loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.SGD(0.1))
     history = model.fit_windows([window_table(0)], batch_size=BATCH, verbose=0)

@@ -29,7 +29,7 @@ def build(table_options=None):
                                         rk.features.Categorical("a", dim=8),
                                         rk.features.Categorical("b", dim=8)])
     model = rk.models.dlrm(columns, bottom_units=(16, 8), top_units=(16, 1),
-                           table_options=table_options)
+                           table_options=table_options, dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
     return model

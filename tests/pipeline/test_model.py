@@ -24,7 +24,8 @@ def build(seed=0):
     columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
                                         rk.features.Categorical("a", dim=8),
                                         rk.features.Categorical("b", dim=8)])
-    model = rk.models.dlrm(columns, bottom_units=(16, 8), top_units=(32, 1))
+    model = rk.models.dlrm(columns, bottom_units=(16, 8), top_units=(32, 1),
+                           dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
                   metrics=[rk.metrics.AUC()])

@@ -23,7 +23,8 @@ batches = list(data.batches(32, shuffle=True, seed=7, shard_index=world.rank,
 keras.utils.set_random_seed(1)
 columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
                                     rk.features.Categorical("a", dim=4)])
-model = rk.models.dlrm(columns, bottom_units=(4,), top_units=(4, 1))
+model = rk.models.dlrm(columns, bottom_units=(4,), top_units=(4, 1),
+                       dropout=0.0, embedding_l2=0.0)
 model.compile(optimizer="adam", loss="binary_crossentropy",
               embedding_optimizer=rk.optimizers.SGD(0.1))
 history = model.fit(data, batch_size=32, epochs=2, shuffle=True, seed=7, verbose=0)

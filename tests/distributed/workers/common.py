@@ -51,7 +51,7 @@ def model():
             embeddings_regularizer=keras.regularizers.L2(0.05),
             regularize=os.environ["RK_TEST_REGULARIZE"]) for name in ("a", "shared", "h")}
     m = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
-                       table_options=options or None)
+                       table_options=options or None, dropout=0.0, embedding_l2=0.0)
     m.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
               embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
               metrics=[rk.metrics.AUC(), rk.metrics.GAUC(group="c")])

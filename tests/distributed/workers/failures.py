@@ -23,7 +23,8 @@ else:
     dim = 4 if world.rank == 0 else 8
     columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
                                         rk.features.Categorical("a", dim=dim)])
-    model = rk.models.dlrm(columns, bottom_units=(dim,), top_units=(1,))
+    model = rk.models.dlrm(columns, bottom_units=(dim,), top_units=(1,),
+                           dropout=0.0, embedding_l2=0.0)
     model.compile(optimizer="adam", loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.SGD(0.1))
     model.fit(common.data(), batch_size=32, verbose=0)
