@@ -229,12 +229,13 @@ class TableFile:
         self.tensors = {name: (dtype, shape, begin, end)
                         for begin, end, name, dtype, shape in tensors}
 
-    def expect(self, name: str, dtype: str, shape: tuple) -> None:
+    def expect(self, name: str, dtype: str | tuple[str, ...], shape: tuple) -> None:
         """Checks that tensor `name` exists with this dtype and shape.
 
         Args:
             name: the tensor's name.
-            dtype: its safetensors dtype code (`"F32"`, ...).
+            dtype: its safetensors dtype code (`"F32"`, ...), or the codes
+                it may have.
             shape: its shape, None for a dimension of any size.
 
         Raises:
@@ -243,10 +244,12 @@ class TableFile:
         if name not in self.tensors:
             raise self.error(f"has no tensor {name!r}")
         found, found_shape = self.tensors[name][:2]
-        if found != dtype or len(found_shape) != len(shape) or any(
+        allowed = (dtype,) if isinstance(dtype, str) else dtype
+        if found not in allowed or len(found_shape) != len(shape) or any(
                 s is not None and s != f for s, f in zip(shape, found_shape, strict=True)):
             raise self.error(f"tensor {name!r} is {found} {list(found_shape)}, the model "
-                             f"needs {dtype} {[s if s is not None else 'n' for s in shape]}")
+                             f"needs {' or '.join(allowed)} "
+                             f"{[s if s is not None else 'n' for s in shape]}")
 
     def read(self, name: str) -> np.ndarray:
         """Tensor `name` as a numpy array (read now, not checked against the

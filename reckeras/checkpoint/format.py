@@ -18,7 +18,9 @@ Layout of a checkpoint directory::
                                        it was last trained in, where its table
                                        ages out by windows), .tags (each row's
                                        logical table, where the physical table
-                                       packs several) and, in a delta, .deleted
+                                       packs several: int8, int16 or int32,
+                                       the narrowest that holds its tables)
+                                       and, in a delta, .deleted
                                        (keys freed since the base)
 
 The arrays of a table file are those of a `rk.embedding.TableState`, by
@@ -41,12 +43,16 @@ import torch
 from reckeras.embedding.row_dtypes import ROW_DTYPES, numpy_dtype
 from reckeras.embedding.table_state import TableLayout
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # Version 1 (no sizes, no checksums) and 2 (no ids, table names or tags)
 # still load, with every check but those, into the model they were saved from;
 # version 3 (no row counts, no windows) loads with every row's count at 0 and
 # its rows counted as trained in the model's current window.
-READABLE_VERSIONS = (1, 2, 3, 4)
+# version 4 wrote tags as int32; 5 in the narrowest of int8, int16 and int32
+# that holds the table's logical tables (`tag_code`).
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# The dtypes a file's tags may have.
+TAG_CODES = ("I8", "I16", "I32")
 INDEX = "index.json"
 DENSE = "dense.safetensors"
 # The safetensors dtype codes a checkpoint holds, as torch and numpy dtypes.
@@ -54,7 +60,8 @@ TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16
                 "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
                 "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 NUMPY_DTYPES: dict[str, np.dtype] = {"F32": np.dtype(np.float32), "I64": np.dtype(np.int64),
-                                      "I32": np.dtype(np.int32), "F16": np.dtype(np.float16),
+                                      "I32": np.dtype(np.int32), "I16": np.dtype(np.int16),
+                                      "I8": np.dtype(np.int8), "F16": np.dtype(np.float16),
                                       "BF16": numpy_dtype(torch.bfloat16)}
 # The safetensors dtype of the rows of each `TableOptions.dtype`.
 ROW_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -97,6 +104,30 @@ def table_file(rank: int, world: int) -> str:
         E.g. `"tables-00001-of-00004.safetensors"`.
     """
     return f"tables-{rank:05d}-of-{world:05d}.safetensors"
+
+
+def narrow_tags(tags: np.ndarray, tables: int) -> np.ndarray:
+    """A table's tags in the narrowest signed int dtype that holds its
+    logical tables (and -1, unknown): a tag takes 1 byte of a row, not 4,
+    where a physical table packs up to 127 tables.
+
+    Args:
+        tags: int32 `[n]` tags.
+        tables: the number of logical tables the physical table packs.
+
+    Returns:
+        The tags as int8, int16 or int32.
+
+    Example:
+
+    ```python
+    narrow_tags(np.array([0, 25, -1], np.int32), 26).dtype   # int8
+    ```
+    """
+    for dtype in (np.int8, np.int16):
+        if tables <= np.iinfo(dtype).max + 1:      # tags 0 .. tables - 1, and -1
+            return tags.astype(dtype)
+    return tags
 
 
 def tensor_name(layer: int, table: int, array: str) -> str:

@@ -54,6 +54,7 @@ from reckeras.checkpoint.format import (
     NUMPY_DTYPES,
     ROW_CODES,
     STREAMED,
+    TAG_CODES,
     TORCH_DTYPES,
     CheckpointError,
     dense_variables,
@@ -336,11 +337,12 @@ def _scan(source, file, index, routes, world, chosen, found, deleted):
             if aged:
                 source.expect(tensor_name(li, t, "last_window"), "I32", (n,))
             if entry.get("tags"):
-                source.expect(tensor_name(li, t, "tags"), "I32", (n,))
+                source.expect(tensor_name(li, t, "tags"), TAG_CODES, (n,))
             if delta:
                 source.expect(tensor_name(li, t, "deleted"), "I64", (None,))
             saved = source.read(tensor_name(li, t, "keys"))
-            tags = source.read(tensor_name(li, t, "tags")) if entry.get("tags") else \
+            tags = source.read(tensor_name(li, t, "tags")).astype(np.int32) \
+                if entry.get("tags") else \
                 np.full(n, route.untagged, np.int32)
             kept = route.kept[tags]
             if not route.kept[-1] and bool((tags == -1).any()):

@@ -35,6 +35,7 @@ from reckeras.checkpoint.format import (
     DENSE,
     INDEX,
     dense_variables,
+    narrow_tags,
     new_index,
     read_index,
     resolve,
@@ -85,7 +86,8 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
     distributed.barrier("the checkpoint's directory is made")
     states = [engine.table_states() if link is None else engine.changed_since(link["id"])
               for engine in engines]
-    tensors = {tensor_name(li, t, name): to_torch(array)
+    tensors = {tensor_name(li, t, name): to_torch(
+                   narrow_tags(array, len(state.layout.tables)) if name == "tags" else array)
                for li, layer in enumerate(states) for t, state in enumerate(layer)
                for name, array in state.arrays().items()}
     name = table_file(world.rank, world.size)

@@ -62,7 +62,7 @@ def assert_holds(model, directory, which, exact=True):
 
 @pytest.mark.parametrize("which", ["full", "delta"])
 def test_a_checkpoint_of_the_old_code_loads(old, which):
-    assert read_index(old / which)["format_version"] == FORMAT_VERSION
+    assert read_index(old / which)["format_version"] == 4 < FORMAT_VERSION
     model = build()
     model.fit(window(9), batch_size=16, epochs=1, verbose=0)   # other rows, built optimizer
     report = model.load_checkpoint(old / which)
@@ -97,3 +97,34 @@ def test_the_index_names_its_faults(old):
     path.write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match=r"windows \[\[None\]\] do not give"):
         read_index(old / "full")
+
+
+def test_tags_are_written_in_the_narrowest_int_that_holds_the_tables(tmp_path):
+    # old_model packs several logical tables into one physical table: its
+    # tags take one byte a row (format 5), and load back as they were.
+    model = build()
+    model.fit(window(1), batch_size=16, epochs=1, verbose=0)
+    model.save_checkpoint(tmp_path / "ckpt")
+    tables = load_file(str(tmp_path / "ckpt" / "tables-00000-of-00001.safetensors"))
+    tagged = [name for name in tables if name.endswith(".tags")]
+    assert tagged and all(tables[name].dtype == np.int8 for name in tagged)
+    before = [state.tags for state in model.embedding_layers[0].table_states()
+              if state.tags is not None]
+    fresh = build()
+    fresh.fit(window(9), batch_size=16, epochs=1, verbose=0)
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    after = [state.tags for state in fresh.embedding_layers[0].table_states()
+             if state.tags is not None]
+    for saved, loaded in zip(before, after, strict=True):
+        np.testing.assert_array_equal(np.sort(loaded), np.sort(saved))
+        assert loaded.dtype == np.int32
+
+
+def test_narrow_tags_picks_int8_int16_or_int32():
+    from reckeras.checkpoint.format import narrow_tags
+    tags = np.array([-1, 0, 5], np.int32)
+    assert narrow_tags(tags, 128).dtype == np.int8
+    assert narrow_tags(tags, 129).dtype == np.int16
+    assert narrow_tags(tags, 32768).dtype == np.int16
+    assert narrow_tags(tags, 32769).dtype == np.int32
+    np.testing.assert_array_equal(narrow_tags(tags, 26), tags)

@@ -16,6 +16,7 @@ import pytest
 import reckeras as rk
 from launch import torchrun
 from reckeras.checkpoint import CheckpointError
+from reckeras.checkpoint.format import FORMAT_VERSION
 from workers import damage
 
 pytestmark = pytest.mark.slow  # spawns torchrun processes
@@ -102,7 +103,7 @@ def test_an_intact_checkpoint_restores_the_state_of_the_save(trained, ckpt):
     fresh.load_checkpoint(ckpt)
     assert same(at_save, state(fresh))
     index = json.loads(pathlib.Path(os.path.join(ckpt, "index.json")).read_text())
-    assert index["format_version"] == 4
+    assert index["format_version"] == FORMAT_VERSION
     for name, entry in index["files"].items():
         assert entry["bytes"] == os.path.getsize(os.path.join(ckpt, name))
 
@@ -149,15 +150,16 @@ def test_an_index_of_another_format_is_refused(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
     index = json.loads(pathlib.Path(path).read_text())
     del index["index_crc32"]                 # a format this reckeras does not know
-    pathlib.Path(path).write_text(json.dumps({**index, "format_version": 5}))
-    assert_fails_naming(trained[0], ckpt, path, "format_version 5")
+    pathlib.Path(path).write_text(json.dumps({**index, "format_version": FORMAT_VERSION + 1}))
+    assert_fails_naming(trained[0], ckpt, path, f"format_version {FORMAT_VERSION + 1}")
 
 
 def test_a_flipped_format_version_is_damage(trained, ckpt):
     path = os.path.join(ckpt, "index.json")
     text = pathlib.Path(path).read_text()
-    assert '"format_version": 4' in text
-    pathlib.Path(path).write_text(text.replace('"format_version": 4', '"format_version": 3'))
+    current = f'"format_version": {FORMAT_VERSION}'
+    assert current in text
+    pathlib.Path(path).write_text(text.replace(current, '"format_version": 3'))
     assert_fails_naming(trained[0], ckpt, path, "damaged")
 
 
