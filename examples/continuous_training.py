@@ -10,9 +10,16 @@ day d and evaluates on day d + 1 with three strategies:
 * **trained once**: a model trained on day 1 only;
 * **from scratch**: a new model trained on day d alone.
 
+The continuous model is also served as it trains: after each day it exports
+a serving delta (the first day a full export) and a running predictor
+(`rk.serving.load`) applies it, so the next day is scored by the served
+model, through the serving code, with the rows of that day's training.
+
 It prints a Markdown table of the AUC per day and strategy beside the day's
-Bayes AUC (the ceiling), the embedding rows the continuous model added,
-aged out and kept each day, and saves a PNG plot of AUC per day.
+Bayes AUC (the ceiling), the served model's AUC and the seconds from the end
+of a day's training to the predictor serving it, the embedding rows the
+continuous model added, aged out and kept each day, and saves a PNG plot of
+AUC per day.
 
     python examples/continuous_training.py [--days 7] [--rows-per-day 100000]
         [--aging 2] [--plot continuous_training.png] [--seed 0]
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 
 import reckeras as rk  # noqa: I001  (selects Keras's torch backend first)
@@ -70,6 +78,48 @@ def build(dim: int, bottom: tuple[int, ...], top: tuple[int, ...], aging: int | 
     return model
 
 
+class ServeEachDay(keras.callbacks.Callback):
+    """After each day: a serving delta applied to a running predictor, which
+    then scores the next day.
+
+    Args:
+        directory: where the exports go (one directory a day).
+        days: the windows `fit_windows` trains on, then the day after them.
+
+    Example:
+
+    ```python
+    serving = ServeEachDay(tmp, days)
+    model.fit_windows(days[:-1], callbacks=[serving])
+    serving.aucs, serving.seconds
+    ```
+    """
+
+    def __init__(self, directory: Path, days: list):
+        super().__init__()
+        self.directory = directory
+        self.days = days
+        self.predictor = None
+        self.aucs: list[float] = []
+        self.seconds: list[float] = []
+        self._last: Path | None = None
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        started = time.perf_counter()
+        path = self.directory / f"day{epoch + 1}"
+        self.model.export_serving(path, base=self._last)
+        if self.predictor is None:
+            self.predictor = rk.serving.load(path)
+        else:
+            self.predictor.apply_delta(path)
+        self.seconds.append(time.perf_counter() - started)
+        self._last = path
+        following = self.days[epoch + 1].to_table()
+        auc = rk.metrics.AUC()
+        auc.update_state(following["label"].to_numpy(), self.predictor.predict(following))
+        self.aucs.append(float(auc.result()))
+
+
 def evaluated_auc(model: rk.Model, day: rk.datasets.Dataset) -> float:
     """The model's AUC on one day.
 
@@ -90,7 +140,7 @@ def evaluated_auc(model: rk.Model, day: rk.datasets.Dataset) -> float:
 
 
 def compare(days: list, dim: int, bottom: tuple[int, ...], top: tuple[int, ...],
-            aging: int, seed: int) -> dict:
+            aging: int, seed: int, directory: Path) -> dict:
     """Trains the three strategies; AUCs of days 2..n (trained up to the day before).
 
     Args:
@@ -100,16 +150,20 @@ def compare(days: list, dim: int, bottom: tuple[int, ...], top: tuple[int, ...],
         top: hidden widths of the top MLP.
         aging: the continuous model drops rows not trained for this many days.
         seed: seed of every model's weights and shuffling.
+        directory: where the continuous model's serving exports go.
 
     Returns:
         `{"day": names of days 2..n, "bayes_auc": their Bayes AUCs, one AUC
-        list per strategy name, "rows_added", "rows_evicted", "rows_kept":
+        list per strategy name, "served": the served continuous model's
+        AUCs, "serve_s": seconds from the end of each day's training to the
+        predictor serving it, "rows_added", "rows_evicted", "rows_kept":
         the continuous model's rows after training on days 1..n-1}`.
 
     Example:
 
     ```python
-    results = compare(stream.windows("dt"), 16, (64,), (64,), aging=2, seed=0)
+    results = compare(stream.windows("dt"), 16, (64,), (64,), aging=2, seed=0,
+                      directory=Path("/tmp/exports"))
     ```
     """
     results = {"day": [day.partition["dt"] for day in days[1:]],
@@ -117,9 +171,12 @@ def compare(days: list, dim: int, bottom: tuple[int, ...], top: tuple[int, ...],
     continuous = build(dim, bottom, top, aging, seed)
     # fit_windows evaluates each day before training on it: day d+1's
     # progressive AUC is that of the model trained on days 1..d.
-    history = continuous.fit_windows(days[:-1], batch_size=BATCH, verbose=0, seed=seed)
+    serving = ServeEachDay(directory, days)
+    history = continuous.fit_windows(days[:-1], batch_size=BATCH, verbose=0, seed=seed,
+                                     callbacks=[serving])
     results["continuous"] = history.history["progressive_auc"][1:] + \
         [evaluated_auc(continuous, days[-1])]
+    results["served"], results["serve_s"] = serving.aucs, serving.seconds
     for key in ("rows_added", "rows_evicted", "rows_kept"):
         results[key] = [int(value) for value in history.history[key]]    # Keras logs floats
     once = build(dim, bottom, top, None, seed)
@@ -149,12 +206,14 @@ def table(results: dict) -> str:
     ```
     """
     lines = ["| trained on | evaluated on | Bayes AUC | " + " | ".join(STRATEGIES)
-             + " | rows added | rows aged out | rows kept |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             + " | served (deltas) | served after s | rows added | rows aged out "
+               "| rows kept |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     trained_on = [f"day {d}" for d in range(1, len(results["day"]) + 1)]
     for i, (name, day) in enumerate(zip(trained_on, results["day"])):
         cells = [name, f"day {i + 2} ({day})", f"{results['bayes_auc'][i]:.4f}"]
         cells += [f"{results[strategy][i]:.4f}" for strategy in STRATEGIES]
+        cells += [f"{results['served'][i]:.4f}", f"{results['serve_s'][i]:.2f}"]
         cells += [f"{results[key][i]:,}" for key in ("rows_added", "rows_evicted",
                                                       "rows_kept")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -236,7 +295,8 @@ def main(days: int = 7, rows_per_day: int = 100_000, aging: int = 2, seed: int =
     with tempfile.TemporaryDirectory(prefix="continuous_training_") as scratch:
         stream = rk.datasets.generate("criteo_stream", path=Path(scratch) / "stream",
                                       rows_per_day=rows_per_day, days=days, seed=seed)
-        results = compare(stream.windows("dt"), dim, bottom, top, aging, seed)
+        results = compare(stream.windows("dt"), dim, bottom, top, aging, seed,
+                          Path(scratch) / "serving")
     print(f"criteo_stream: {days} days of {rows_per_day:,} rows (seed {seed}); DLRM "
           f"bottom {[*bottom, dim]} top {[*top, 1]}; continuous: aging out after "
           f"{aging} days")

@@ -24,13 +24,17 @@ def test_the_example_compares_the_strategies_on_three_days(tmp_path):
                                   rows_per_day=3000, days=3, seed=1)
     days = stream.windows("dt")
     results = continuous_training.compare(days, dim=4, bottom=(8,), top=(8,), aging=1,
-                                          seed=0)
+                                          seed=0, directory=tmp_path / "serving")
     assert results["day"] == ["2026-12-02", "2026-12-03"]
     assert results["bayes_auc"] == [day.metadata["bayes_auc"] for day in days[1:]]
     # After day 1 the three models are one: the same weights, data and seed.
     first = [results[strategy][0] for strategy in continuous_training.STRATEGIES]
     assert max(first) - min(first) < 1e-6 and 0.3 < first[0] < 1.0
     assert all(len(results[s]) == 2 for s in continuous_training.STRATEGIES)
+    # The served model (a full export, then a delta with aged-out ids) scores
+    # the next day as the trained model does.
+    assert results["served"] == pytest.approx(results["continuous"], abs=1e-4)
+    assert len(results["serve_s"]) == 2 and all(s > 0 for s in results["serve_s"])
     # Day 1 gives one row per distinct id of every categorical column.
     day1, day2 = days[0].to_table(), days[1].to_table()
     distinct = sum(len(ids(day1, f"C{i}")) for i in range(1, 27))
