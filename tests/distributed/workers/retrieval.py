@@ -31,7 +31,7 @@ columns = rk.layers.FeatureColumns([rk.features.Categorical("user", dim=6),
 inputs = columns.inputs()
 dense, sparse = columns(inputs)
 query = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
-top_k = rk.retrieval.BruteForceTopK(10, num_candidates=len(items))
+top_k = rk.retrieval.BruteForceTopK(10, num_candidates=len(items), name="top_k")
 # Keras evaluates only a model with a loss: the top-K output has none, a
 # score output carries one.
 model = rk.Model(inputs, {"top_k": top_k(query, exclude=dense), "score": keras.layers.Dense(
