@@ -68,6 +68,7 @@ from reckeras.datasets._synth import (
     scatter_ids,
     schema,
     table_of,
+    unscatter_ids,
     write_tables,
 )
 
@@ -187,20 +188,35 @@ class DayTeacher:
                 for name, slots in self.slots.items()}
 
     @functools.cached_property
-    def _lookup(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        # Per field: the ids sorted, and the rank of each.
-        lookup = {}
-        for name, ids in self.ids.items():
-            order = np.argsort(ids)
-            lookup[name] = ids[order], order
-        return lookup
+    def _rank_of_slot(self) -> dict[str, np.ndarray]:
+        # Per field: the popularity rank of every id slot used so far (-1:
+        # retired), so an id's rank is two array reads away (see `latent_of`).
+        ranks = {}
+        for name, slots in self.slots.items():
+            rank_of = np.full(self.next_slot[name], -1, dtype=np.int64)
+            rank_of[slots] = np.arange(len(slots))
+            ranks[name] = rank_of
+        return ranks
 
-    def _latent_of(self, name: str, ids: np.ndarray,
-                   missing: np.ndarray) -> np.ndarray:
-        sorted_ids, rank_of = self._lookup[name]
-        position = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
-        known = (sorted_ids[position] == ids) & ~missing
-        latent = np.where(known[:, None], self.latent[name][rank_of[position]], 0.0)
+    def latent_of(self, name: str, ids: np.ndarray, missing: np.ndarray) -> np.ndarray:
+        """The latent vector of each id of one field on this day.
+
+        Args:
+            name: the categorical field.
+            ids: int64 ids, any values.
+            missing: where the id is null (those rows get the field's
+                missing-value vector).
+
+        Returns:
+            `[len(ids), latent dim]`: the latent vector of the id's
+            popularity rank; zeros for an id this day does not hold.
+        """
+        rank_of = self._rank_of_slot[name]
+        slot = unscatter_ids(ids, *self.common.id_scatter[name])
+        inside = (slot >= 0) & (slot < len(rank_of))
+        rank = np.where(inside, rank_of[np.where(inside, slot, 0)], -1)
+        known = (rank >= 0) & ~missing
+        latent = np.where(known[:, None], self.latent[name][np.maximum(rank, 0)], 0.0)
         return np.where(missing[:, None], self.common.missing_latent[name], latent)
 
     def logit(self, columns: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -220,7 +236,7 @@ class DayTeacher:
         latents = {}
         for col in spec.categoricals:
             ids, missing = columns[col.name]
-            latents[col.name] = self._latent_of(col.name, ids, missing)
+            latents[col.name] = self.latent_of(col.name, ids, missing)
             logit = logit + (col.effect_scale * self.weights[col.name]
                              * latents[col.name][:, 0])
         for weight, (f, g) in zip(self.common.pair_weight, spec.interaction_pairs,

@@ -4,11 +4,13 @@ import pathlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reckeras.datasets as rkd
 from reckeras.datasets import criteo_stream
 from reckeras.datasets._stats import roc_auc
-from reckeras.datasets._synth import SPECS, popularity
+from reckeras.datasets._synth import SPECS, popularity, scatter_ids, unscatter_ids
 
 ROWS, DAYS, SEED = 20_000, 4, 3
 COLUMNS = {c.name: c for c in SPECS["criteo_synth"].categoricals}
@@ -207,3 +209,40 @@ def test_a_production_day_brings_mostly_new_ids_of_the_large_fields(tmp_path):
     teacher = criteo_stream.day_teacher(SEED, 1, "production")
     np.testing.assert_allclose(second["teacher_prob"].to_numpy(),
                                teacher.probabilities(second), rtol=1e-6)
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=st.lists(st.integers(0, 2**40 - 1), max_size=50),
+       multiplier=st.integers(0, 2**39 - 1), offset=st.integers(0, 2**40 - 1))
+def test_unscatter_ids_inverts_scatter_ids(values, multiplier, offset):
+    multiplier, offset = np.uint64(2 * multiplier + 1), np.uint64(offset)
+    values = np.array(values, dtype=np.int64)
+    ids = scatter_ids(values, multiplier, offset)
+    np.testing.assert_array_equal(unscatter_ids(ids, multiplier, offset), values)
+
+
+def test_unscatter_ids_refuses_ids_outside_the_id_space():
+    ids = np.array([-1, -2**63, 2**40, 2**62], dtype=np.int64)
+    np.testing.assert_array_equal(unscatter_ids(ids, np.uint64(3), np.uint64(5)), -1)
+
+
+def test_a_teacher_finds_each_ids_latent_by_its_popularity_rank():
+    # Two days in: some ids churned, so retired slots must read as unknown.
+    teacher = criteo_stream.day_teacher(SEED, 2)
+    name = "C3"
+    ids = teacher.ids[name]
+    rng = np.random.default_rng(0)
+    ranks = rng.integers(0, len(ids), 500)
+    retired = scatter_ids(np.flatnonzero(~np.isin(np.arange(teacher.next_slot[name]),
+                                                  teacher.slots[name]))[:50],
+                          *teacher.common.id_scatter[name])
+    assert len(retired) > 0
+    strangers = np.array([-5, 2**40 + 3, 2**62], dtype=np.int64)
+    queried = np.concatenate([ids[ranks], retired, strangers])
+    missing = np.zeros(len(queried), dtype=bool)
+    missing[0] = True
+    rank_of = {int(i): r for r, i in enumerate(ids)}   # an independent lookup
+    expected = np.array([teacher.latent[name][rank_of[int(i)]] if int(i) in rank_of
+                         else np.zeros(teacher.latent[name].shape[1]) for i in queried])
+    expected[0] = teacher.common.missing_latent[name]
+    np.testing.assert_array_equal(teacher.latent_of(name, queried, missing), expected)
