@@ -9,8 +9,10 @@ cosine the two-tower model trains and evaluates with. Two kinds:
   candidates a search keeps, default 128; raised to the depth a call asks
   for when that is more).
 * `"ivf"`: inverted lists over k-means cells (`IndexIVFFlat`), trained on
-  the corpus at load. Options `nlist` (cells, default `4 * sqrt(N)`, at
-  most N) and `nprobe` (cells searched, default 16).
+  the corpus at load. Options `nlist` (cells, default `sqrt(N)`, at most
+  `N / 39`: faiss's k-means wants 39 points a cell) and `nprobe` (cells
+  searched, default 32: recall@20 0.96 on 20,000 random 16-dim vectors,
+  0.85 at 16).
 
 A query's `exclude` positions are searched past (the index is asked for
 `k + E` neighbours, E the longest exclude list) and left out; the result is
@@ -31,7 +33,7 @@ from reckeras.backend_kernels.topk import merge_top_k
 KINDS = ("hnsw", "ivf")
 DEFAULTS: dict[str, dict[str, int | None]] = {
     "hnsw": {"m": 32, "ef_construction": 200, "ef_search": 128},
-    "ivf": {"nlist": None, "nprobe": 16}}
+    "ivf": {"nlist": None, "nprobe": 32}}
 
 
 def _faiss() -> Any:
@@ -75,7 +77,7 @@ def resolved_options(kind: str, options: dict[str, Any] | None,
                          f"(it takes {sorted(DEFAULTS[kind])})")
     merged = {**DEFAULTS[kind], **given}
     if kind == "ivf" and merged["nlist"] is None:
-        merged["nlist"] = max(1, min(num_items, int(4 * math.sqrt(num_items))))
+        merged["nlist"] = max(1, min(int(math.sqrt(num_items)), num_items // 39))
     for name, value in merged.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"index_options[{name!r}] must be a positive int, got {value!r}")
