@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         watcher.poll()          # what is there already, before listening
         watcher.start()
     servers = [uvicorn.Server(uvicorn.Config(
-        create_app(predictor, threads=args.threads, max_k=args.max_k), host=args.host, port=args.port,
-        log_level=args.log_level))]
+        create_app(predictor, threads=args.threads, max_k=args.max_k), host=args.host,
+        port=args.port, log_level=args.log_level))]
     if args.admin_port is not None:
         servers.append(uvicorn.Server(uvicorn.Config(
             create_admin_app(predictor, token), host=args.admin_host, port=args.admin_port,

@@ -189,12 +189,11 @@ def parse_retrieve_request(body: bytes, columns: list[str], max_k: int
         raise RequestError(f"'k' must be an int from 1 to {max_k} (the server's "
                            f"--max-k), got {k!r}")
     exclude = request.get("exclude")
-    if exclude is not None:
-        if not isinstance(exclude, list) or len(exclude) != rows or not all(
-                isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                              for i in ids) for ids in exclude):
-            raise RequestError(f"'exclude' must be a list of {rows} lists of int item ids, "
-                               f"one per query row")
+    if exclude is not None and (not isinstance(exclude, list) or len(exclude) != rows or not all(
+            isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                          for i in ids) for ids in exclude)):
+        raise RequestError(f"'exclude' must be a list of {rows} lists of int item ids, "
+                           f"one per query row")
     return form, batch, k, exclude
 
 
