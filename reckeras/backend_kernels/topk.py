@@ -53,7 +53,17 @@ def _decoded(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def check_k(k: Any) -> int:
-    """`k` when it is a positive int (a bool is not); else a ValueError."""
+    """`k` when it is a positive int (a bool is not).
+
+    Args:
+        k: the top-K length asked for.
+
+    Returns:
+        `k`.
+
+    Raises:
+        ValueError: `k` is not a positive int.
+    """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     return k
