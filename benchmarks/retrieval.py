@@ -29,7 +29,18 @@ seen items masked, for `retrieval_synth`'s 6,000 users x 2,000 items and for
 a random corpus of `--corpus` rows: `topk <queries>x<candidates>
 exact_top_k_ms=.. torch_topk_ms=..` (medians).
 
+Serving: the searches a served retrieval artifact runs (`rk.serving.load`'s
+exact `exact_top_k` and its faiss index, `--ann hnsw` or `ivf` at default
+options), over two corpora side by side: the item embeddings of a two-tower
+trained here on the same rows (retrieval_synth's 2,000 items, its users as
+queries) and a random one of `--corpus` L2-normalized rows. For each:
+per-call latency at batch 1 and batch 64 (`--serve-calls` calls each, p50
+and p99), the index's build time, and the ANN's Recall@20 against the exact
+top 20 (over 256 queries): `serve <corpus> exact_p50_ms=.. ann_p50_ms=..
+ann_recall_at_20=.. ...`.
+
     python benchmarks/retrieval.py [--batch 1024] [--steps 40] [--warmup 5] [--repeats 5]
+        [--corpus 1000000] [--ann hnsw] [--serve-calls 200]
 """
 
 import argparse
@@ -152,6 +163,69 @@ def topk_latency(queries, candidates, exclude, repeats):
     return ours, plain
 
 
+def percentile_ms(call, calls):
+    """`(p50, p99)` in ms of `calls` timed calls (after one untimed)."""
+    call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(1e3 * (time.perf_counter() - start))
+    return float(np.percentile(times, 50)), float(np.percentile(times, 99))
+
+
+def synth_vectors(table, batch):
+    """Query vectors of retrieval_synth's users and its items' embeddings,
+    from a two-tower trained one epoch on `table` (the example's model)."""
+    keras.utils.set_random_seed(0)
+    columns = rk.layers.FeatureColumns([
+        rk.features.Categorical("user_id", dim=DIM),
+        rk.features.Categorical("user_segment", dim=DIM),
+        rk.features.Categorical("item_id", dim=DIM)])
+    model = rk.models.two_tower(columns, ["user_id", "user_segment"], ["item_id"],
+                                query_units=(DIM,), temperature=TEMPERATURE)
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    model.fit(table, batch_size=batch, epochs=1, verbose=0)
+    items = rk.datasets.load("retrieval_synth", split="items").to_table()["item_id"]
+    # A user's segment is the same on all of its rows.
+    users, first = np.unique(table["user_id"].to_numpy(), return_index=True)
+    queries = model.query_model().predict(
+        {"user_id": users, "user_segment": table["user_segment"].to_numpy()[first],
+         "item_id": np.zeros_like(users)}, verbose=0)     # the item is not read
+    return torch.from_numpy(queries), torch.from_numpy(
+        model.candidate_embeddings(items.to_numpy()))
+
+
+def serve_report(name, queries, corpus, kind, calls, k=20):
+    """Exact against ANN search of one corpus: latency, build time, recall."""
+    from reckeras.serving.ann import AnnIndex
+
+    start = time.perf_counter()
+    index = AnnIndex(kind, corpus.numpy(), None)
+    build_s = time.perf_counter() - start
+    queries = queries[:256].repeat((256 + len(queries) - 1) // len(queries), 1)[:256]
+    figures = {}
+    for batch in (1, 64):
+        rows = queries[:batch]
+        figures[f"exact_b{batch}"] = percentile_ms(
+            lambda rows=rows: rk.retrieval.exact_top_k(rows, corpus, k), calls)
+        figures[f"ann_b{batch}"] = percentile_ms(lambda rows=rows: index.search(rows, k),
+                                                 max(1, calls // 4) if batch > 1 else calls)
+    _, exact = rk.retrieval.exact_top_k(queries, corpus, k)
+    _, found = index.search(queries, k)
+    recall = np.mean([len(set(a.tolist()) & set(b.tolist())) / k
+                      for a, b in zip(found, exact, strict=True)])
+    (exact_p50, exact_p99), (ann_p50, ann_p99) = figures["exact_b1"], figures["ann_b1"]
+    print(f"serve {name} exact_p50_ms={exact_p50:.2f} ann_p50_ms={ann_p50:.2f} "
+          f"ann_recall_at_{k}={recall:.4f} exact_p99_ms={exact_p99:.2f} "
+          f"ann_p99_ms={ann_p99:.2f} exact_b64_p50_ms={figures['exact_b64'][0]:.2f} "
+          f"exact_b64_p99_ms={figures['exact_b64'][1]:.2f} "
+          f"ann_b64_p50_ms={figures['ann_b64'][0]:.2f} "
+          f"ann_b64_p99_ms={figures['ann_b64'][1]:.2f} ann={kind} "
+          f"items={len(corpus)} ann_build_s={build_s:.1f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1024)
@@ -160,6 +234,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=5, help="runs per system")
     parser.add_argument("--corpus", type=int, default=1_000_000,
                         help="rows of the random corpus of the top-K latency")
+    parser.add_argument("--ann", default="hnsw", choices=["hnsw", "ivf"],
+                        help="the faiss index the serving figures compare with exact")
+    parser.add_argument("--serve-calls", type=int, default=200,
+                        help="timed search calls per serving latency figure")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     table = train_rows((args.warmup + args.steps) * args.batch)
@@ -191,6 +269,9 @@ def main():
     ours, plain = topk_latency(queries[:256], corpus, seen[:256].clamp(max=args.corpus - 1),
                                args.repeats)
     print(f"topk 256x{args.corpus} exact_top_k_ms={ours:.1f} torch_topk_ms={plain:.1f}")
+    serve_report("retrieval_synth", *synth_vectors(table, args.batch), args.ann,
+                 args.serve_calls)
+    serve_report(f"random_{args.corpus}x{DIM}", queries, corpus, args.ann, args.serve_calls)
     print(f"# load average at start {load:.1f}, at end {os.getloadavg()[0]:.1f}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence as _Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -321,6 +322,50 @@ class TwoTower(Model):
         return torch.cat(chunks).cpu().numpy() if len(ids) else \
             np.zeros((0, self.query_units[-1]), np.float32)
 
+    def export_serving(self, path: str | os.PathLike, rows: str | None = None,
+                       min_count: int | None = None, base: str | os.PathLike | None = None,
+                       item_ids: Any = None) -> str:
+        """Writes a retrieval artifact: the query tower and the corpus.
+
+        `rk.serving.load(path)` reads it without Keras: its `retrieve`
+        answers the top K items of raw query rows (exact or through an ANN
+        index), and `python -m reckeras.serving path` serves it over HTTP
+        (`POST /retrieve`). The artifact holds the query tower as a ranking
+        artifact holds a model (feature specs with their statistics, the
+        tables' rows, a `torch.export` program) and the candidate tower's
+        embedding of every id of `item_ids` (`candidate_embeddings`),
+        with checksums in the manifest. Under torchrun every rank calls it
+        with the same `item_ids`. See `docs/retrieval.md`.
+
+        Args:
+            path: the artifact directory (replaced if it exists).
+            rows: the row precision of the tables, as `rk.Model.export_serving`.
+            min_count: as `rk.Model.export_serving`.
+            base: must be None: a retrieval artifact has no deltas.
+            item_ids: int `[N]` distinct ids of the corpus retrieval picks
+                from (the candidate id feature's raw values, e.g. every item
+                of the catalogue): the ids `retrieve` answers. Required.
+
+        Returns:
+            The artifact's path.
+
+        Raises:
+            ValueError: `item_ids` missing, empty, not int, or repeated;
+                `rows`/`min_count` as `rk.Model.export_serving`; a candidate
+                tower that reads more than the id.
+            NotImplementedError: a `base` (a delta).
+
+        Example:
+
+        ```python
+        model.export_serving("exported/retrieval", item_ids=catalogue_ids)
+        rk.serving.load("exported/retrieval").retrieve({"user_id": [7]}, k=20)
+        ```
+        """
+        from reckeras.serving.retrieval_export import export_retrieval
+
+        return export_retrieval(self, path, item_ids, rows, min_count, base)
+
     def query_model(self) -> QueryTower:
         """The query tower as its own `rk.Model`, sharing this model's layers.
 
@@ -389,7 +434,22 @@ class QueryTower(Model):
 
     def call(self, inputs: dict, training: bool = False) -> torch.Tensor:
         dense, sparse = self.columns(inputs)
-        embedded = self.embedding(sparse, training=training)
+        return self.tower_output(dense, self.embedding(sparse, training=training), training)
+
+    def tower_output(self, dense: torch.Tensor, embedded: dict,
+                     training: bool = False) -> torch.Tensor:
+        """The query embeddings of the columns' dense output and the
+        embedding's dict output: `call` past the lookup (what a serving
+        export traces).
+
+        Args:
+            dense: the FeatureColumns' dense output `[B, F]`.
+            embedded: the `ShardedEmbedding`'s `{feature: [B, d]}`.
+            training: whether the tower runs in training mode.
+
+        Returns:
+            The `[B, D]` L2-normalized query embeddings.
+        """
         return _tower_output(self.tower, self._side, dense, embedded, training)
 
     def get_config(self) -> dict:

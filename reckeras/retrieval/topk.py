@@ -1,12 +1,9 @@
 """Exact top-K retrieval by dot product, in bounded memory, on one rank or many.
 
-Every candidate is scored, `chunk_size` candidate rows at a time, and a
-running top K is kept per query, so memory is `O(B * (chunk_size + k))`
-whatever the corpus size. Ranking is exact and deterministic: scores are
-compared as float32, and equal scores go to the lower candidate position.
-Both are folded into one int64 key per (query, candidate), the score's
-order-preserving bits above the inverted position, so one `torch.topk` per
-chunk merges the chunk into the running top K, ties included.
+`exact_top_k` and `merge_top_k` live in `reckeras.backend_kernels.topk`
+(pure torch, shared with the Keras-free serving predictor): every candidate
+is scored `chunk_size` rows at a time, a running top K kept per query, ties
+to the lower position.
 
 When the candidates are sharded over ranks, each rank ranks its own rows
 (with their global positions, `positions=`) and `all_gather_top_k` merges
@@ -22,177 +19,15 @@ import keras
 import torch
 
 from reckeras import distributed
+from reckeras.backend_kernels.topk import (
+    DEFAULT_CHUNK_SIZE,
+    check_k,
+    exact_top_k,
+    merge_top_k,
+)
 
-DEFAULT_CHUNK_SIZE = 65_536
-# Positions live in the low 32 bits of a key.
-_MAX_POSITIONS = 2**32
-_LOW_BITS = _MAX_POSITIONS - 1
-# The key of an empty slot (no candidate): below the key of any real score,
-# -inf included, since the score bits of -inf are above int32's minimum.
-_EMPTY = torch.iinfo(torch.int64).min
-
-
-def _keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """int64 keys ordered as (score descending, position ascending).
-
-    Args:
-        scores: float32 scores (NaN-free).
-        positions: int64 positions in [0, 2**32), broadcastable to `scores`.
-    """
-    # + 0.0 turns -0.0 into +0.0, which compare equal as floats.
-    bits = (scores + 0.0).view(torch.int32).to(torch.int64)
-    # Negative floats order backwards as integers: flip their magnitude bits.
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return (ordered << 32) | (_LOW_BITS - positions)
-
-
-def _decoded(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(scores, positions)` of keys; an empty slot is `(-inf, -1)`."""
-    ordered = keys >> 32
-    bits = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(torch.int32)
-    empty = keys == _EMPTY
-    scores = torch.where(empty, float("-inf"), bits.view(torch.float32))
-    positions = torch.where(empty, -1, _LOW_BITS - (keys & _LOW_BITS))
-    return scores, positions
-
-
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
-    return k
-
-
-def _check_finite(tensor: torch.Tensor, what: str) -> None:
-    if not torch.isfinite(tensor).all():
-        raise ValueError(f"exact_top_k: {what} hold NaN or inf")
-
-
-def _excluded_locally(exclude: torch.Tensor, positions: torch.Tensor | None,
-                      count: int) -> torch.Tensor:
-    """`exclude`'s global positions as local rows of the candidates, -1 where
-    a position is not among them."""
-    exclude = exclude.to(torch.int64)
-    if positions is None:
-        return torch.where((exclude >= 0) & (exclude < count), exclude, -1)
-    sorted_positions, order = torch.sort(positions)
-    slot = torch.searchsorted(sorted_positions, exclude).clamp_(max=count - 1)
-    found = (sorted_positions[slot] == exclude) & (exclude >= 0)
-    return torch.where(found, order[slot], -1)
-
-
-def exact_top_k(queries: torch.Tensor, candidates: torch.Tensor, k: int,
-                exclude: torch.Tensor | None = None,
-                chunk_size: int = DEFAULT_CHUNK_SIZE,
-                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `k` best candidates of every query by dot product, exactly.
-
-    Scores are `queries @ candidates.T`, computed `chunk_size` candidates at
-    a time in the inputs' dtype and ranked as float32. Ties go to the lower
-    position. A query with fewer than `k` candidates left (after
-    `exclude`) gets its remaining slots filled with position -1 and score
-    -inf.
-
-    Args:
-        queries: float `[B, D]`.
-        candidates: float `[N, D]`, on the device of `queries`.
-        k: how many candidates to return per query, a positive int (it may
-            exceed `N`: the extra slots are empty).
-        exclude: int `[B, E]` candidate positions to leave out per query
-            (e.g. the user's training items), -1 padded; positions not among
-            the candidates are ignored. None for none.
-        chunk_size: candidate rows scored at once: the memory bound.
-        positions: int64 `[N]` distinct global positions of the candidate
-            rows, in [0, 2**32), when they are a shard of a larger corpus
-            (see `all_gather_top_k`); None for `0..N-1`.
-
-    Returns:
-        `(scores, positions)`: float32 `[B, k]` and int64 `[B, k]`, best
-        first.
-
-    Raises:
-        ValueError: for mismatched shapes, a bad `k` or `chunk_size`, NaN or
-            inf inputs, or more than 2**32 candidates.
-
-    Example:
-
-    ```python
-    queries = torch.randn(4, 16)
-    items = torch.randn(10_000, 16)
-    seen = torch.tensor([[3, 7, -1], [5, -1, -1], [-1, -1, -1], [0, 1, 2]])
-    scores, top = rk.retrieval.exact_top_k(queries, items, 20, exclude=seen)
-    ```
-    """
-    k = _check_k(k)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if queries.dim() != 2 or candidates.dim() != 2 or queries.shape[1] != candidates.shape[1]:
-        raise ValueError(f"exact_top_k needs queries [B, D] and candidates [N, D]; got "
-                         f"{tuple(queries.shape)} and {tuple(candidates.shape)}")
-    count = candidates.shape[0]
-    if count > _MAX_POSITIONS:
-        raise ValueError(f"exact_top_k ranks at most 2**32 candidates, got {count}")
-    if exclude is not None and (exclude.dim() != 2 or exclude.shape[0] != queries.shape[0]):
-        raise ValueError(f"exclude must be [B, E] with B = {queries.shape[0]} queries, "
-                         f"got {tuple(exclude.shape)}")
-    if positions is not None and positions.shape != (count,):
-        raise ValueError(f"positions must be [N] = [{count}], got {tuple(positions.shape)}")
-    _check_finite(queries, "queries")
-    _check_finite(candidates, "candidates")
-    device = queries.device
-    global_positions = (torch.arange(count, device=device) if positions is None
-                        else positions.to(device=device, dtype=torch.int64))
-    local_exclude = None if exclude is None or exclude.shape[1] == 0 or count == 0 else \
-        _excluded_locally(exclude.to(device), None if positions is None else global_positions,
-                          count)
-    best = torch.full((queries.shape[0], k), _EMPTY, dtype=torch.int64, device=device)
-    for start in range(0, count, chunk_size):
-        stop = min(start + chunk_size, count)
-        scores = (queries @ candidates[start:stop].T).to(torch.float32)
-        keys = _keys(scores, global_positions[start:stop])
-        if local_exclude is not None:
-            # Rows outside this chunk point at column 0 with the largest key,
-            # which `amin` ignores.
-            column = local_exclude - start
-            inside = (column >= 0) & (column < stop - start)
-            keys.scatter_reduce_(
-                1, torch.where(inside, column, 0),
-                torch.where(inside, _EMPTY, torch.iinfo(torch.int64).max), "amin")
-        best = torch.topk(torch.cat([best, keys], dim=1), k, dim=1).values
-    return _decoded(best)
-
-
-def merge_top_k(parts: list[tuple[torch.Tensor, torch.Tensor]],
-                k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top `k` of several top-K lists of the same queries.
-
-    Args:
-        parts: `(scores, positions)` pairs as `exact_top_k` returns them,
-            each `[B, k_i]`, over disjoint candidates.
-        k: the length of the merged lists.
-
-    Returns:
-        `(scores, positions)`, `[B, k]`, best first, ties to the lower
-        position, empty slots `(-inf, -1)`.
-
-    Example:
-
-    ```python
-    left = rk.retrieval.exact_top_k(q, items[:500], 10)
-    right = rk.retrieval.exact_top_k(q, items[500:], 10,
-                                     positions=torch.arange(500, 1000))
-    scores, top = rk.retrieval.merge_top_k([left, right], 10)
-    ```
-    """
-    k = _check_k(k)
-    keys = []
-    for scores, positions in parts:
-        real = positions >= 0
-        keys.append(torch.where(real, _keys(scores.to(torch.float32),
-                                            torch.where(real, positions, 0)), _EMPTY))
-    merged = torch.cat(keys, dim=1)
-    if merged.shape[1] < k:
-        merged = torch.nn.functional.pad(merged, (0, k - merged.shape[1]), value=_EMPTY)
-    return _decoded(torch.topk(merged, k, dim=1).values)
+__all__ = ["DEFAULT_CHUNK_SIZE", "BruteForceTopK", "all_gather_top_k", "exact_top_k",
+           "merge_top_k"]
 
 
 def all_gather_top_k(scores: torch.Tensor, positions: torch.Tensor,
@@ -274,7 +109,7 @@ class BruteForceTopK(keras.layers.Layer):
     def __init__(self, k: int, num_candidates: int,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, **kwargs: Any):
         super().__init__(**kwargs)
-        self.k = _check_k(k)
+        self.k = check_k(k)
         if isinstance(num_candidates, bool) or not isinstance(num_candidates, int) \
                 or num_candidates < 1:
             raise ValueError(f"BruteForceTopK {self.name!r}: num_candidates must be a "

@@ -10,6 +10,11 @@ when it is damaged, partial or out of order). Importing this package
 imports no Keras. `python -m reckeras.serving PATH --port N` serves it over
 HTTP (`--watch DIR` and `--admin-port N` take deltas).
 
+A two-tower model's export is a retrieval artifact: `load` returns a
+`RetrievalPredictor`, whose `retrieve` answers the top K items of the corpus
+for raw query rows, exact or through a faiss index (`index="hnsw"`/`"ivf"`),
+and the server adds `POST /retrieve`.
+
 Example:
 
 ```python
@@ -21,6 +26,9 @@ predictor.predict({"I1": [1.0], "C1": [42]})
 """
 
 from reckeras.serving.artifact import ArtifactError, DeltaError
-from reckeras.serving.predictor import Predictor, ServedVersion, load
+from reckeras.serving.loader import load
+from reckeras.serving.predictor import Predictor, ServedVersion
+from reckeras.serving.retrieval import RetrievalPredictor
 
-__all__ = ["ArtifactError", "DeltaError", "Predictor", "ServedVersion", "load"]
+__all__ = ["ArtifactError", "DeltaError", "Predictor", "RetrievalPredictor", "ServedVersion",
+           "load"]

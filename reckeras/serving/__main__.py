@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 
@@ -35,11 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         argv: the command line after the program name (`sys.argv[1:]` when
             None): `PATH [--port N] [--host H] [--threads T]
             [--torch-threads K] [--log-level L] [--watch DIR]
-            [--watch-interval S] [--admin-port N] [--admin-host H]`.
+            [--watch-interval S] [--admin-port N] [--admin-host H]
+            [--index exact|hnsw|ivf] [--index-options JSON] [--max-k K]`.
 
     Returns:
         The exit status: 0 after a clean shutdown, 2 when the artifact
-        cannot be loaded, the watched directory does not exist, the admin
+        cannot be loaded (or its index built), the watched directory does not exist, the admin
         port has no token in `RECKERAS_ADMIN_TOKEN`, or the serving-http
         extra is missing (the reason is printed to stderr).
 
@@ -53,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m reckeras.serving",
         description="Serve a model exported with model.export_serving(PATH) over "
                     "HTTP: POST /predict (TensorFlow Serving's REST shapes), "
-                    "GET /health, GET /metadata.")
+                    "GET /health, GET /metadata; a two-tower's retrieval artifact "
+                    "adds POST /retrieve.")
     parser.add_argument("path", metavar="PATH", help="the artifact directory")
     parser.add_argument("--port", type=int, default=8501,
                         help="port to listen on (default: 8501, TF Serving's REST port)")
@@ -77,7 +80,17 @@ def main(argv: list[str] | None = None) -> int:
                              f"the token is read from ${ADMIN_TOKEN_VARIABLE}")
     parser.add_argument("--admin-host", default="127.0.0.1",
                         help="address the admin port binds (default: 127.0.0.1)")
+    parser.add_argument("--index", default="exact", choices=["exact", "hnsw", "ivf"],
+                        help="how POST /retrieve searches a retrieval artifact's corpus: "
+                             "exact brute force (default) or a faiss index (the ann extra)")
+    parser.add_argument("--index-options", type=json.loads, default=None, metavar="JSON",
+                        help='the ANN index\'s options, e.g. \'{"ef_search": 256}\' '
+                             "(see docs/retrieval.md for the defaults)")
+    parser.add_argument("--max-k", type=int, default=1000,
+                        help="the largest k a POST /retrieve may ask for (default: 1000)")
     args = parser.parse_args(argv)
+    if args.max_k < 1:
+        parser.error(f"--max-k must be at least 1, got {args.max_k}")
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.watch_interval <= 0:
@@ -105,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
     try:
-        predictor = load(args.path)
-    except ArtifactError as error:
+        predictor = load(args.path, args.index, args.index_options)
+    except (ArtifactError, ValueError, ImportError) as error:
         print(f"error: cannot serve {args.path}: {error}", file=sys.stderr)
         return 2
     watcher = None
@@ -119,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         watcher.poll()          # what is there already, before listening
         watcher.start()
     servers = [uvicorn.Server(uvicorn.Config(
-        create_app(predictor, threads=args.threads), host=args.host, port=args.port,
-        log_level=args.log_level))]
+        create_app(predictor, threads=args.threads, max_k=args.max_k), host=args.host,
+        port=args.port, log_level=args.log_level))]
     if args.admin_port is not None:
         servers.append(uvicorn.Server(uvicorn.Config(
             create_admin_app(predictor, token), host=args.admin_host, port=args.admin_port,

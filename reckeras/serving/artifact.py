@@ -12,6 +12,17 @@ An artifact is a directory:
                                       embedding layer l, as rank `rank` of
                                       the exporting job held them
 
+A two-tower model's export (`TwoTower.export_serving(path, item_ids=...)`)
+is a *retrieval* artifact: the same files for its query tower (the program
+maps the query features to the L2-normalized query vector), plus
+
+    candidates.safetensors            `ids` int64 [N], the corpus, and
+                                      `embeddings` float32 [N, D], their
+                                      candidate-tower vectors (L2-normalized)
+
+named in the manifest's `files` and described by its `retrieval` entry
+(`num_items`, `dim`, the query and candidate features). It has no deltas.
+
 A *delta* (`export_serving(..., base=...)`) is a directory of the same
 layout whose manifest has kind "delta" and names its `base` version: its
 table files hold the rows written since the base and, as `deleted`, the
@@ -50,6 +61,7 @@ READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 PROGRAM = "dense.pt2"
 DENSE_WEIGHTS = "dense.safetensors"
+CANDIDATES = "candidates.safetensors"
 KINDS = ("full", "delta")
 ROW_PRECISIONS = ("float32", "float16", "int8")
 _CHUNK = 8 << 20

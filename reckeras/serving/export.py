@@ -9,9 +9,11 @@ artifact without Keras.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -83,19 +85,72 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
                    base="exported/ctr")              # a delta
     ```
     """
-    if rows is not None and rows not in artifact.ROW_PRECISIONS:
-        raise ValueError(f"rows must be one of {artifact.ROW_PRECISIONS}, got {rows!r}")
-    if min_count is not None and (isinstance(min_count, bool) or not isinstance(
-            min_count, (int, np.integer)) or min_count < 1):
-        raise ValueError(f"export_serving: min_count must be an int >= 1 (the training "
-                         f"steps a row was seen in) or None, got {min_count!r}")
     fed = set(map(id, embedding_layers))
     stray = [layer.name for layer in model.embedding_layers if id(layer) not in fed]
     if stray:
         raise ValueError(f"embedding layer(s) {stray} do not read the FeatureColumns' "
                          f"packed batch; export_serving needs every embedding layer "
                          f"called once on it")
+    network = ExportedNetwork(model.feature_columns, embedding_layers,
+                              _DenseNetwork(model, embedding_layers),
+                              list(_keras_compat.functional_inputs(model)),
+                              _keras_compat.functional_outputs(model))
+    return write_artifact(network, path, rows, min_count, base)
+
+
+@dataclasses.dataclass
+class ExportedNetwork:
+    """What an artifact serves: the columns, the embedding layers fed their
+    packed batch, and the module of the rest.
+
+    Args:
+        columns: the `FeatureColumns` (specs and adapted statistics).
+        embedding_layers: the embedding layers, each fed the columns'
+            packed batch.
+        module: a `torch.nn.Module` whose `forward(inputs, dense, embedded)`
+            maps the raw inputs it names, the columns' dense output and the
+            embedding layers' outputs to the model's outputs.
+        inputs: the raw inputs `module` reads.
+        outputs: the model's outputs (a dict of them or one tensor):
+            their names are recorded, or None for one output.
+    """
+
+    columns: Any
+    embedding_layers: list
+    module: torch.nn.Module
+    inputs: list[str]
+    outputs: Any
+
+
+def write_artifact(network: ExportedNetwork, path: str | os.PathLike,
+                   rows: str | None = None, min_count: int | None = None,
+                   base: str | os.PathLike | None = None,
+                   extra: Callable[[str], tuple[dict, list[str]]] | None = None) -> str:
+    """Writes an artifact (or a delta) of `network`: `export_serving`'s
+    work once the model is taken apart (every rank calls it).
+
+    Args:
+        network: what the artifact serves.
+        path: the artifact directory.
+        rows: as `export_serving`'s.
+        min_count: as `export_serving`'s.
+        base: as `export_serving`'s.
+        extra: called on rank 0 with the staging directory before the
+            manifest is written: it writes its own files there and returns
+            `(manifest fields to add, the files it wrote)`; the files get
+            checksums in the manifest like the others.
+
+    Returns:
+        The artifact's path.
+    """
+    if rows is not None and rows not in artifact.ROW_PRECISIONS:
+        raise ValueError(f"rows must be one of {artifact.ROW_PRECISIONS}, got {rows!r}")
+    if min_count is not None and (isinstance(min_count, bool) or not isinstance(
+            min_count, (int, np.integer)) or min_count < 1):
+        raise ValueError(f"export_serving: min_count must be an int >= 1 (the training "
+                         f"steps a row was seen in) or None, got {min_count!r}")
     path = os.fspath(path)
+    embedding_layers = network.embedding_layers
     engines = [layer.engine for layer in embedding_layers]
     based_on = None if base is None else _base(engines, path, os.fspath(base), rows,
                                                   min_count)
@@ -121,20 +176,21 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
                 stored["deleted"] = state.deleted
             save_file({"keys": state.keys[kept], **stored},
                       os.path.join(staging, artifact.table_file(index, table, world.rank)))
-    example = _example(model, embedding_layers) if based_on is None else None
+    example = _example(network.columns, embedding_layers) if based_on is None else None
     if world.rank == 0:
         if based_on is None:
-            dense_weights = _export_program(model, embedding_layers, example,
+            dense_weights = _export_program(network, example,
                                             os.path.join(staging, artifact.PROGRAM))
         else:
             dense_weights = based_on["dense_weights"]
-            _save_dense_weights(model, embedding_layers, dense_weights,
+            _save_dense_weights(network.module, dense_weights,
                                 os.path.join(staging, artifact.DENSE_WEIGHTS))
     distributed.barrier("every rank's rows and the dense network are written")
     version = None
     if world.rank == 0:
-        version = _write_manifest(model, embedding_layers, staging, rows, min_count,
-                                  world.size, read_at, dense_weights, based_on)
+        added, files = ({}, []) if extra is None else extra(staging)
+        version = _write_manifest(network, staging, rows, min_count, world.size, read_at,
+                                  dense_weights, based_on, added, files)
         _replace(staging, path)
     if world.size > 1:
         agreed = [version]
@@ -173,11 +229,10 @@ def _base(engines, path, base, rows, min_count):
     return manifest
 
 
-def _save_dense_weights(model, embedding_layers, names, filename):
+def _save_dense_weights(module, names, filename):
     """The current values of the program's weights, by their names in the
     program (`_weight_names`)."""
-    held = dict(_DenseNetwork(model, embedding_layers).named_parameters(
-        remove_duplicate=False))
+    held = dict(module.named_parameters(remove_duplicate=False))
     missing = sorted(set(names.values()) - set(held))
     if missing:
         raise ValueError(f"the model no longer holds the exported program's weight(s) "
@@ -212,10 +267,9 @@ class _DenseNetwork(torch.nn.Module):
         return _keras_compat.run_functional_graph(self.model, flat, False, replace)
 
 
-def _example(model, embedding_layers):
+def _example(columns, embedding_layers):
     """The program's example inputs. Every rank computes them: on several
     ranks the embedding lookup is a collective."""
-    columns = model.feature_columns
     # A copy: encode may hand back read-only views of arrow memory.
     inputs = {name: torch.tensor(value)
               for name, value in columns.encode(example_batch(columns.specs)).items()}
@@ -225,10 +279,11 @@ def _example(model, embedding_layers):
     return inputs, dense, embedded
 
 
-def _export_program(model, embedding_layers, example, filename):
+def _export_program(exported, example, filename):
     inputs, dense, embedded = example
+    inputs = {name: inputs[name] for name in exported.inputs}
     with torch.no_grad():
-        network = _DenseNetwork(model, embedding_layers).eval()
+        network = exported.module.eval()
         batch = torch.export.Dim.AUTO
         shapes = {"inputs": {name: {0: batch} for name in inputs}, "dense": {0: batch},
                   "embedded": [_batch_dim(output, batch) for output in embedded]}
@@ -314,15 +369,14 @@ def example_batch(specs: list, rows: int = 5) -> dict[str, Any]:
     return batch
 
 
-def _write_manifest(model, embedding_layers, root, rows, min_count, world_size, read_at,
-                    dense_weights, based_on):
+def _write_manifest(network, root, rows, min_count, world_size, read_at, dense_weights,
+                    based_on, added, added_files):
     """Writes the manifest (the last file) and returns the export's version."""
-    columns = model.feature_columns
-    outputs = _keras_compat.functional_outputs(model)
+    columns, outputs = network.columns, network.outputs
     dense = artifact.PROGRAM if based_on is None else artifact.DENSE_WEIGHTS
-    files = {dense: artifact.file_entry(root, dense)}
+    files = {name: artifact.file_entry(root, name) for name in [dense, *added_files]}
     layers = []
-    for index, layer in enumerate(embedding_layers):
+    for index, layer in enumerate(network.embedding_layers):
         tables = []
         for table, layout in enumerate(layer.engine.table_layouts()):
             names = [artifact.table_file(index, table, rank) for rank in range(world_size)]
@@ -350,9 +404,10 @@ def _write_manifest(model, embedding_layers, root, rows, min_count, world_size, 
         "features": [serialize(s) for s in columns.specs],
         "statistics": {"mean": columns.mean.numpy().tolist(),
                        "std": columns.std.numpy().tolist()},
-        "inputs": list(_keras_compat.functional_inputs(model)),
+        "inputs": network.inputs,
         "outputs": sorted(outputs) if isinstance(outputs, dict) else None,
-        "dense_weights": dense_weights, "embedding_layers": layers, "files": files}
+        "dense_weights": dense_weights, "embedding_layers": layers, "files": files,
+        **added}
     if based_on is not None:
         manifest["bytes"] = sum(entry["bytes"] for entry in files.values())
     artifact.write_manifest(root, manifest)

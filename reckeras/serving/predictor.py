@@ -330,28 +330,3 @@ def _replace_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -> 
     if isinstance(getattr(module, attribute), torch.nn.Parameter):
         value = torch.nn.Parameter(value, requires_grad=False)
     setattr(module, attribute, value)
-
-
-def load(path: str | os.PathLike) -> Predictor:
-    """Loads an exported model for prediction, without Keras.
-
-    Args:
-        path: the directory `rk.Model.export_serving` wrote.
-
-    Returns:
-        A `Predictor`.
-
-    Raises:
-        reckeras.serving.ArtifactError: a missing, damaged or foreign file
-            (named), found before anything is served.
-
-    Example:
-
-    ```python
-    import reckeras.serving
-
-    predictor = reckeras.serving.load("exported/ctr")
-    predictor.predict({"I1": [1.0, 2.0], "C1": [7, -3]})
-    ```
-    """
-    return Predictor(path)

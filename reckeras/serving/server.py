@@ -13,6 +13,13 @@ Routes:
   an object of them), or in its columnar format, `{"inputs": {feature:
   [values...]}}`, answered `{"outputs": ...}` (the output as a nested list,
   or an object of them). A missing value is `null`.
+* `POST /retrieve` (a retrieval artifact's only): the query columns in
+  either format, with `"k"` (default 10, at most the server's max) and an
+  optional `"exclude"` (one list of item ids per row), answered
+  `{"predictions": [{"item_ids": [...], "scores": [...]}, ...]}` (row
+  format) or `{"outputs": {"item_ids": [[...]], "scores": [[...]]}}`
+  (columnar): best first, a score the cosine, an empty slot `-1` and
+  `-Infinity`. `/predict` answers the query vectors.
 * `GET /health`: `{"status": "ok", "version": ..., "rows_written_at": ...,
   "rows_age_s": ...}` once the artifact is loaded: the served model version
   and when its newest rows were read from training (and how long ago).
@@ -20,7 +27,7 @@ Routes:
   weights column), the raw columns a request holds, the outputs, the
   artifact's versions and the served model version.
 
-Every `/predict` answer carries the model version that computed it in the
+Every `/predict` and `/retrieve` answer carries the model version that computed it in the
 `X-Model-Version` header. Deltas reach a running server through
 `create_admin_app` (an app of its own, for a second listener: never the
 public port) or a `watch.DeltaWatcher`.
@@ -59,6 +66,7 @@ from reckeras.features.encode import FeatureInputError
 from reckeras.features.specs import Categorical, Cross, Numeric, Sequence
 from reckeras.serving.artifact import DeltaError
 from reckeras.serving.predictor import Predictor
+from reckeras.serving.retrieval import RetrievalPredictor
 
 logger = logging.getLogger("reckeras.serving")
 VERSION_HEADER = "X-Model-Version"
@@ -112,6 +120,10 @@ def parse_request(body: bytes, columns: list[str]) -> tuple[str, dict[str, list]
     # ("instances", {"I1": [1.0, 2.0], "C1": [7, None]})
     ```
     """
+    return _read_object(_json_object(body), columns, ())[:2]
+
+
+def _json_object(body: bytes) -> dict:
     try:
         request = json.loads(body)
     except (ValueError, RecursionError) as error:     # bad bytes, syntax, nesting
@@ -119,20 +131,70 @@ def parse_request(body: bytes, columns: list[str]) -> tuple[str, dict[str, list]
     if not isinstance(request, dict):
         raise RequestError(f"the request body must be a JSON object with "
                            f"'instances' or 'inputs', got {type(request).__name__}")
-    unknown = sorted(set(request) - {"instances", "inputs", "signature_name"})
+    return request
+
+
+def _read_object(request: dict, columns: list[str], own_keys: tuple[str, ...]
+                 ) -> tuple[str, dict[str, list], int]:
+    """`(form, columns, rows)` of a request object whose other keys are
+    `own_keys` (the route's own)."""
+    unknown = sorted(set(request) - {"instances", "inputs", "signature_name", *own_keys})
     if unknown:
-        raise RequestError(f"unknown key(s) {unknown}: a predict request holds "
-                           f"'instances' or 'inputs' (and 'signature_name')")
+        raise RequestError(f"unknown key(s) {unknown}: a request holds 'instances' or "
+                           f"'inputs' (and {['signature_name', *own_keys]})")
     signature = request.get("signature_name", "serving_default")
     if signature != "serving_default":
         raise RequestError(f"signature_name {signature!r}: the model has one "
                            f"signature, 'serving_default'")
     if ("instances" in request) == ("inputs" in request):
-        raise RequestError("a predict request holds exactly one of 'instances' "
+        raise RequestError("a request holds exactly one of 'instances' "
                            "(row format) and 'inputs' (columnar format)")
     if "instances" in request:
-        return "instances", _rows_to_columns(request["instances"], columns)
-    return "inputs", _columns(request["inputs"], columns)
+        batch = _rows_to_columns(request["instances"], columns)
+        return "instances", batch, len(request["instances"])
+    batch = _columns(request["inputs"], columns)
+    return "inputs", batch, len(next(iter(batch.values()))) if batch else 0
+
+
+def parse_retrieve_request(body: bytes, columns: list[str], max_k: int
+                           ) -> tuple[str, dict[str, list], int, list | None]:
+    """Reads a `POST /retrieve` body: a predict body plus `k` and `exclude`.
+
+    Args:
+        body: JSON, `{"instances": [...]}` or `{"inputs": {...}}` of the
+            query columns, as `/predict` takes them, with `"k"` (an int in
+            [1, max_k], default 10) and optionally `"exclude"`: one list of
+            item ids per query row (ids to leave out, e.g. the history).
+        columns: the raw columns the query tower reads.
+        max_k: the largest `k` the server answers.
+
+    Returns:
+        `(form, columns, k, exclude or None)`.
+
+    Raises:
+        RequestError: as `parse_request`, or a bad `k` or `exclude` (named).
+
+    Example:
+
+    ```python
+    parse_retrieve_request(b'{"instances": [{"user_id": 7}], "k": 5, '
+                           b'"exclude": [[3, 4]]}', ["user_id"], 1000)
+    # ("instances", {"user_id": [7]}, 5, [[3, 4]])
+    ```
+    """
+    request = _json_object(body)
+    form, batch, rows = _read_object(request, columns, ("k", "exclude"))
+    k = request.get("k", 10)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= max_k:
+        raise RequestError(f"'k' must be an int from 1 to {max_k} (the server's "
+                           f"--max-k), got {k!r}")
+    exclude = request.get("exclude")
+    if exclude is not None and (not isinstance(exclude, list) or len(exclude) != rows or not all(
+            isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                          for i in ids) for ids in exclude)):
+        raise RequestError(f"'exclude' must be a list of {rows} lists of int item ids, "
+                           f"one per query row")
+    return form, batch, k, exclude
 
 
 def _rows_to_columns(instances: Any, columns: list[str]) -> dict[str, list]:
@@ -283,7 +345,9 @@ def metadata(predictor: Predictor) -> dict[str, Any]:
         and `weights` column (or null), a Cross the `features` it crosses
         (it reads no column of its own). `columns` are the raw columns a
         request holds; `outputs` the names of a dict-output model's outputs,
-        or null.
+        or null; `retrieval` null for a ranking artifact, else the corpus
+        (`num_items`, `dim`, the query and candidate features) and the
+        `index` (`"exact"`, `"hnsw"` or `"ivf"`) with its `index_options`.
 
     Example:
 
@@ -306,10 +370,16 @@ def metadata(predictor: Predictor) -> dict[str, Any]:
             entry.update(features=list(spec.names))
         features.append(entry)
     manifest = predictor.manifest
+    retrieval = None
+    if isinstance(predictor, RetrievalPredictor):
+        retrieval = {**manifest["retrieval"], "index": predictor.index_kind,
+                     "index_options": None if predictor.index is None
+                     else predictor.index.options}
     return {"features": features, "columns": predictor.input_columns,
             "outputs": predictor.outputs, "format": manifest["format"],
             "format_version": manifest["format_version"],
-            "versions": manifest["versions"], "rows": manifest["rows"]}
+            "versions": manifest["versions"], "rows": manifest["rows"],
+            "retrieval": retrieval}
 
 
 def health(predictor: Predictor) -> dict[str, Any]:
@@ -351,7 +421,7 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
                  error.status_code)
 
 
-def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
+def create_app(predictor: Predictor, threads: int = 4, max_k: int = 1000) -> Starlette:
     """The ASGI app serving a predictor.
 
     Args:
@@ -359,14 +429,16 @@ def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
         threads: how many predictions run at once, each in a worker thread;
             more requests wait for a free one. Each prediction also uses
             torch's intra-op threads (`torch.set_num_threads`).
+        max_k: the largest `k` a `POST /retrieve` may ask for.
 
     Returns:
         A Starlette app with the routes `POST /predict`, `GET /health` and
-        `GET /metadata`; run it with any ASGI server (uvicorn, as `python -m
+        `GET /metadata`, and `POST /retrieve` for a `RetrievalPredictor`;
+        run it with any ASGI server (uvicorn, as `python -m
         reckeras.serving` does).
 
     Raises:
-        ValueError: `threads` is below 1.
+        ValueError: `threads` or `max_k` is below 1.
 
     Example:
 
@@ -380,6 +452,8 @@ def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
     """
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
+    if max_k < 1:
+        raise ValueError(f"max_k must be at least 1, got {max_k}")
     limiter = CapacityLimiter(threads)
     columns = predictor.input_columns
     described = metadata(predictor)
@@ -392,18 +466,20 @@ def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
         outputs, version = predictor.predict_with_version(batch)
         return format_response(form, outputs), version
 
-    async def predict(request: Request) -> Response:
-        body = await request.body()
-        try:
-            # Parsing a large body is work too: it goes to the thread as well.
-            answer, version = await to_thread.run_sync(run, body, limiter=limiter)
-            return _json(answer, headers={VERSION_HEADER: version})
-        except (RequestError, FeatureInputError) as error:
-            return _json({"error": str(error)}, 400)
-        except Exception as error:      # the server outlives any one request
-            logger.exception("POST /predict failed")
-            return _json({"error": f"internal error: {type(error).__name__}: "
-                                   f"{error}"}, 500)
+    def answering(work, route):
+        async def answer(request: Request) -> Response:
+            body = await request.body()
+            try:
+                # Parsing a large body is work too: it goes to the thread as well.
+                content, version = await to_thread.run_sync(work, body, limiter=limiter)
+                return _json(content, headers={VERSION_HEADER: version})
+            except (RequestError, FeatureInputError) as error:
+                return _json({"error": str(error)}, 400)
+            except Exception as error:      # the server outlives any one request
+                logger.exception("POST %s failed", route)
+                return _json({"error": f"internal error: {type(error).__name__}: "
+                                       f"{error}"}, 500)
+        return answer
 
     async def healthy(request: Request) -> Response:
         return _json(health(predictor))
@@ -411,12 +487,28 @@ def create_app(predictor: Predictor, threads: int = 4) -> Starlette:
     async def describe(request: Request) -> Response:
         return _json({**described, "version": predictor.version})
 
-    return Starlette(routes=[Route("/predict", predict, methods=["POST"]),
-                             Route("/health", healthy, methods=["GET"]),
-                             Route("/metadata", describe, methods=["GET"])],
+    routes = [Route("/predict", answering(run, "/predict"), methods=["POST"]),
+              Route("/health", healthy, methods=["GET"]),
+              Route("/metadata", describe, methods=["GET"])]
+    if isinstance(predictor, RetrievalPredictor):
+        routes.append(Route("/retrieve", answering(
+            _retrieving(predictor, columns, types, max_k), "/retrieve"), methods=["POST"]))
+    return Starlette(routes=routes,
                      # Starlette types every handler as taking any Exception; it
                      # calls this one, registered for HTTPException, with those only.
                      exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
+
+
+def _retrieving(predictor: RetrievalPredictor, columns: list[str],
+                types: dict[str, pa.DataType], max_k: int) -> Any:
+    """`POST /retrieve`'s work on a body: `(response, version)`."""
+    def retrieve(body):
+        form, batch, k, exclude = parse_retrieve_request(body, columns, max_k)
+        for name, values in batch.items():
+            batch[name] = _typed(values, types[name])
+        item_ids, scores, version = predictor.retrieve_with_version(batch, k, exclude)
+        return format_response(form, {"item_ids": item_ids, "scores": scores}), version
+    return retrieve
 
 
 def create_admin_app(predictor: Predictor, token: str) -> Starlette:

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow  # runs the benchmark's workloads
 
 def test_every_system_and_the_top_k_report(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["retrieval.py", "--steps", "2", "--warmup", "1",
-                                      "--repeats", "1", "--corpus", "5000"])
+                                      "--repeats", "1", "--corpus", "5000",
+                                      "--serve-calls", "3"])
     retrieval.main()
     out = capsys.readouterr().out
     for system in retrieval.SYSTEMS:
@@ -28,6 +29,11 @@ def test_every_system_and_the_top_k_report(monkeypatch, capsys):
     for shape in ("6000x2000", "256x5000"):
         assert re.search(rf"^topk {shape} exact_top_k_ms=\d+\.\d torch_topk_ms=\d+\.\d$",
                          out, re.MULTILINE), out
+    for corpus, items in (("retrieval_synth", 2000), ("random_5000x32", 5000)):
+        found = re.search(rf"^serve {corpus} exact_p50_ms=\S+ ann_p50_ms=\S+ "
+                          rf"ann_recall_at_20=(\d\.\d+) .* ann=hnsw items={items} ", out,
+                          re.MULTILINE)
+        assert found and float(found.group(1)) > 0.5, out
 
 
 def test_the_plain_masked_top_k_equals_exact_top_k():

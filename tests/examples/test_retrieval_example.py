@@ -1,5 +1,6 @@
 """examples/retrieval.py end to end: its test Recall@20 reaches 0.9 of the
-hidden teacher's, and its last line is the one the docs promise."""
+hidden teacher's, its served top-20 over HTTP equals the model's, and its
+last line is the one the docs promise."""
 
 import os
 import re
@@ -19,6 +20,7 @@ def test_the_example_reaches_nine_tenths_of_the_teacher():
     result = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
                             timeout=1200, env=environment, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "served top-20 of 8 users over HTTP equals the model's" in result.stdout
     last = result.stdout.strip().splitlines()[-1]
     found = re.fullmatch(r"recall_at_20=(\d\.\d+) teacher_recall_at_20=(\d\.\d+)", last)
     assert found, last

@@ -102,7 +102,7 @@ def free_port():
 class Server:
     """`python -m reckeras.serving PATH` in its own process, up and healthy."""
 
-    def __init__(self, path, log):
+    def __init__(self, path, log, *options):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
@@ -110,7 +110,7 @@ class Server:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "reckeras.serving", path, "--port",
                  str(self.port), "--host", "127.0.0.1", "--threads", "4",
-                 "--torch-threads", "1"],
+                 "--torch-threads", "1", *options],
                 stdout=out, stderr=subprocess.STDOUT, env=environment())
         self.client = httpx.Client(base_url=self.url, timeout=30)
         try:
