@@ -233,8 +233,10 @@ class TwoTower(Model):
         query, ids = y_pred["query"], torch.as_tensor(x[self.candidate_id]).to(torch.int64)
         candidates, candidate_ids, _, offset = cross_rank.gather_candidates(
             y_pred["candidate"], ids.to(y_pred["candidate"].device), None)
-        log_q = None if self.frequency is None else \
-            self.frequency(candidate_ids, training=training)
+        log_q = None
+        if self.frequency is not None:       # its methods: no Keras call per step
+            log_q = self.frequency.update(candidate_ids) if training else \
+                self.frequency.log_probability(candidate_ids)
         if "negative" in y_pred:
             candidates = torch.cat([candidates, y_pred["negative"]])
             candidate_ids = torch.cat([candidate_ids, y_pred["negative_ids"]])
