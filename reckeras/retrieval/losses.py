@@ -84,9 +84,10 @@ def _positive_scores(scores, positive_index):
 
 class _SoftmaxCrossEntropy(torch.autograd.Function):
     """`-log softmax(scores / t - log_q, hits left out)[positive]` per row,
-    with its gradient computed from the saved log-probabilities: one
-    `[B, N]` pass for the logits, one for the softmax, one back (the plain
-    composition scales, shifts, masks and differentiates each step)."""
+    its gradient from the saved softmax: one `[B, N]` pass for the logits,
+    the softmax, one pass back (the plain composition scales, shifts, masks
+    and takes a log-softmax, then differentiates each step, with an `exp`
+    of the log-probabilities that costs more than the softmax itself)."""
 
     @staticmethod
     def forward(ctx, scores, positive_index, temperature, log_q, hit_rows, hit_columns):
@@ -96,19 +97,24 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
             logits = torch.add(log_q[None, :].to(scores.dtype).neg(), scores,
                                alpha=1.0 / temperature)
         logits[hit_rows, hit_columns] = torch.finfo(logits.dtype).min
-        log_probabilities = torch.log_softmax(logits, dim=1)
-        ctx.save_for_backward(log_probabilities, positive_index)
+        top, top_index = logits.max(dim=1, keepdim=True)
+        positive = logits.gather(1, positive_index[:, None])
+        probabilities = torch.softmax(logits, dim=1)
+        # log sum exp = top - log p(top): the top's probability is >= 1 / N,
+        # so this is exact where -log p(positive) could underflow.
+        log_sum_exp = top - probabilities.gather(1, top_index).log()
+        ctx.save_for_backward(probabilities, positive_index)
         ctx.temperature = temperature
-        return log_probabilities.gather(1, positive_index[:, None])[:, 0].neg()
+        return (log_sum_exp - positive)[:, 0]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_rows):
-        log_probabilities, positive_index = ctx.saved_tensors
-        # d row_i / d logit_ij = softmax_ij - [j is i's positive]; a hit's
-        # softmax is exactly 0, so its gradient is too.
+        probabilities, positive_index = ctx.saved_tensors
+        # d row_i / d logit_ij = p_ij - [j is i's positive]; a hit's p is
+        # exactly 0, so its gradient is too.
         scale = (grad_rows / ctx.temperature)[:, None]
-        grad_scores = torch.exp(log_probabilities).mul_(scale)
+        grad_scores = probabilities * scale
         grad_scores.scatter_add_(1, positive_index[:, None], scale.neg())
         grad_log_q = None
         if ctx.needs_input_grad[3]:

@@ -143,6 +143,15 @@ def test_sampled_softmax_gradients_equal_the_plain_cross_entropy():
     assert (s1.grad.numpy()[dense] == 0).all()
 
 
+def test_sampled_softmax_is_exact_where_the_positive_probability_underflows():
+    # exp(-20000) is 0 in float32: the loss is still the logit gap, finite.
+    scores = torch.tensor([[100.0, -100.0, 50.0]], requires_grad=True)
+    loss = R.sampled_softmax_loss(scores, torch.tensor([1]), temperature=0.01)
+    np.testing.assert_allclose(loss.detach().numpy(), [20000.0], rtol=1e-6)
+    loss.sum().backward()
+    np.testing.assert_allclose(scores.grad.numpy(), [[100.0, -100.0, 0.0]], atol=1e-3)
+
+
 def test_gradients_flow_to_the_scores():
     scores, _, pos = case(4)
     for loss in (R.sampled_softmax_loss, R.bpr_loss, R.cosine_contrastive_loss):
