@@ -97,12 +97,13 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
             logits = torch.add(log_q[None, :].to(scores.dtype).neg(), scores,
                                alpha=1.0 / temperature)
         logits[hit_rows, hit_columns] = torch.finfo(logits.dtype).min
-        top, top_index = logits.max(dim=1, keepdim=True)
         positive = logits.gather(1, positive_index[:, None])
         probabilities = torch.softmax(logits, dim=1)
         # log sum exp = top - log p(top): the top's probability is >= 1 / N,
-        # so this is exact where -log p(positive) could underflow.
-        log_sum_exp = top - probabilities.gather(1, top_index).log()
+        # so this is exact where -log p(positive) could underflow. (amax:
+        # `max` with its indices is several times slower on CPU.)
+        log_sum_exp = logits.amax(dim=1, keepdim=True) \
+            - probabilities.amax(dim=1, keepdim=True).log()
         ctx.save_for_backward(probabilities, positive_index)
         ctx.temperature = temperature
         return (log_sum_exp - positive)[:, 0]
