@@ -60,23 +60,25 @@ def _embedding_specs(columns, candidate_features, share_tables):
 
 
 def _side_columns(columns, features):
-    """`(sparse feature names, dense column indices)` of one side's features
-    (a numeric feature of shape `(k,)` spans `k` dense columns)."""
+    """`(sparse feature names, dense column index or None)` of one side's
+    features (a numeric feature of shape `(k,)` spans `k` dense columns),
+    the index made once on Keras's device (not per batch)."""
     widths = [(spec.name, spec.size) for spec in columns.plan.numeric]
     starts = np.cumsum([0] + [width for _, width in widths])
     dense = [int(c) for (name, width), start in zip(widths, starts, strict=False)
              if name in features for c in range(start, start + width)]
-    return [s.name for s in columns.sparse_specs if s.name in features], dense
+    index = torch.as_tensor(dense, dtype=torch.int64,
+                            device=_keras_compat.keras_device()) if dense else None
+    return [s.name for s in columns.sparse_specs if s.name in features], index
 
 
 def _tower_output(tower, side, dense, embedded, training):
     """A tower's L2-normalized output over one side's features."""
-    sparse_names, dense_columns = side
+    sparse_names, dense_index = side
     parts = [embedded[name] for name in sparse_names]
-    if dense_columns:
-        parts.append(dense.index_select(1, torch.as_tensor(dense_columns,
-                                                           device=dense.device)))
-    features = parts[0] if len(parts) == 1 else keras.ops.concatenate(parts, axis=1)
+    if dense_index is not None:
+        parts.append(dense.index_select(1, dense_index))
+    features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     # torch's normalize clamps the norm: a zero output (every ReLU of a row
     # off, a zero bias) has a finite gradient, where x / |x| has none.
     return torch.nn.functional.normalize(tower(features, training=training), dim=-1)
