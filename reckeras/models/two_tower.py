@@ -81,7 +81,8 @@ def _tower_output(tower, side, dense, embedded, training):
     features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     # torch's normalize clamps the norm: a zero output (every ReLU of a row
     # off, a zero bias) has a finite gradient, where x / |x| has none.
-    return torch.nn.functional.normalize(tower(features, training=training), dim=-1)
+    return torch.nn.functional.normalize(
+        _keras_compat.call_built(tower, features, training=training), dim=-1)
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -191,12 +192,15 @@ class TwoTower(Model):
 
     def _id_embeddings(self, ids, training):
         """Candidate embeddings of bare ids (an id-only candidate tower)."""
-        embedded = self.embedding(self._packed_ids(ids), training=training)
+        embedded = _keras_compat.call_built(self.embedding, self._packed_ids(ids),
+                                            training=training)
         return self._tower("candidate", None, embedded, training)
 
     def call(self, inputs: dict, training: bool = False) -> dict:
-        dense, sparse = self.columns(inputs)
-        embedded = self.embedding(sparse, training=training)
+        # The inner layers without Keras's per-call bookkeeping, where it
+        # changes nothing (`call_built`): ~0.5 ms of a CPU training step.
+        dense, sparse = _keras_compat.call_built(self.columns, inputs)
+        embedded = _keras_compat.call_built(self.embedding, sparse, training=training)
         outputs = {"query": self._tower("query", dense, embedded, training),
                    "candidate": self._tower("candidate", dense, embedded, training)}
         if training and self.negatives is not None:
@@ -392,8 +396,8 @@ class QueryTower(Model):
         self._side = _side_columns(columns, self.query_features)
 
     def call(self, inputs: dict, training: bool = False) -> torch.Tensor:
-        dense, sparse = self.columns(inputs)
-        embedded = self.embedding(sparse, training=training)
+        dense, sparse = _keras_compat.call_built(self.columns, inputs)
+        embedded = _keras_compat.call_built(self.embedding, sparse, training=training)
         return _tower_output(self.tower, self._side, dense, embedded, training)
 
     def get_config(self) -> dict:
