@@ -55,6 +55,44 @@ def test_accept_raw_inputs_passes_lists_through_unconverted():
     assert seen == [list]
 
 
+class CountedCalls(keras.layers.Layer):
+    """Doubles in training; counts the calls that go through `__call__`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.keras_calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.keras_calls += 1
+        return super().__call__(*args, **kwargs)
+
+    def call(self, inputs, training=False):
+        return inputs * 2.0 if training else inputs
+
+
+def test_call_built_runs_call_directly_only_where_call_changes_nothing():
+    x = torch.ones(3, 2)
+    layer = CountedCalls()
+    assert torch.equal(compat.call_built(layer, x, training=True), 2 * x)
+    assert layer.keras_calls == 1                       # not built yet: __call__ builds
+    assert torch.equal(compat.call_built(layer, {"a": x}["a"], training=True), 2 * x)
+    assert torch.equal(compat.call_built(layer, x), x)
+    assert layer.keras_calls == 1                       # built, eager, float32: direct
+    symbolic = compat.call_built(layer, keras.KerasTensor((None, 2)))
+    assert isinstance(symbolic, keras.KerasTensor) and layer.keras_calls == 2
+    handle = layer.register_forward_hook(lambda module, args, output: output + 1)
+    assert torch.equal(compat.call_built(layer, x), x + 1)     # hooks: __call__
+    handle.remove()
+    regularized = CountedCalls(activity_regularizer="l2")
+    regularized(x)
+    compat.call_built(regularized, x)
+    assert regularized.keras_calls == 2 and len(regularized.losses) == 1
+    mixed = CountedCalls(dtype="mixed_float16")
+    mixed(x)
+    assert compat.call_built(mixed, x).dtype == torch.float16   # autocast: __call__
+    assert mixed.keras_calls == 2
+
+
 def test_walk_layers_finds_nested_layers_once():
     model, columns = small_model()
     inner = keras.Sequential([keras.layers.Dense(2, name="inner_dense")])

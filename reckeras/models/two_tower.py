@@ -61,26 +61,29 @@ def _embedding_specs(columns, candidate_features, share_tables):
 
 
 def _side_columns(columns, features):
-    """`(sparse feature names, dense column indices)` of one side's features
-    (a numeric feature of shape `(k,)` spans `k` dense columns)."""
+    """`(sparse feature names, dense column index or None)` of one side's
+    features (a numeric feature of shape `(k,)` spans `k` dense columns),
+    the index made once on Keras's device (not per batch)."""
     widths = [(spec.name, spec.size) for spec in columns.plan.numeric]
     starts = np.cumsum([0] + [width for _, width in widths])
     dense = [int(c) for (name, width), start in zip(widths, starts, strict=False)
              if name in features for c in range(start, start + width)]
-    return [s.name for s in columns.sparse_specs if s.name in features], dense
+    index = torch.as_tensor(dense, dtype=torch.int64,
+                            device=_keras_compat.keras_device()) if dense else None
+    return [s.name for s in columns.sparse_specs if s.name in features], index
 
 
 def _tower_output(tower, side, dense, embedded, training):
     """A tower's L2-normalized output over one side's features."""
-    sparse_names, dense_columns = side
+    sparse_names, dense_index = side
     parts = [embedded[name] for name in sparse_names]
-    if dense_columns:
-        parts.append(dense.index_select(1, torch.as_tensor(dense_columns,
-                                                           device=dense.device)))
-    features = parts[0] if len(parts) == 1 else keras.ops.concatenate(parts, axis=1)
+    if dense_index is not None:
+        parts.append(dense.index_select(1, dense_index))
+    features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     # torch's normalize clamps the norm: a zero output (every ReLU of a row
     # off, a zero bias) has a finite gradient, where x / |x| has none.
-    return torch.nn.functional.normalize(tower(features, training=training), dim=-1)
+    return torch.nn.functional.normalize(
+        _keras_compat.call_built(tower, features, training=training), dim=-1)
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -190,12 +193,15 @@ class TwoTower(Model):
 
     def _id_embeddings(self, ids, training):
         """Candidate embeddings of bare ids (an id-only candidate tower)."""
-        embedded = self.embedding(self._packed_ids(ids), training=training)
+        embedded = _keras_compat.call_built(self.embedding, self._packed_ids(ids),
+                                            training=training)
         return self._tower("candidate", None, embedded, training)
 
     def call(self, inputs: dict, training: bool = False) -> dict:
-        dense, sparse = self.columns(inputs)
-        embedded = self.embedding(sparse, training=training)
+        # The inner layers without Keras's per-call bookkeeping, where it
+        # changes nothing (`call_built`): ~0.5 ms of a CPU training step.
+        dense, sparse = _keras_compat.call_built(self.columns, inputs)
+        embedded = _keras_compat.call_built(self.embedding, sparse, training=training)
         outputs = {"query": self._tower("query", dense, embedded, training),
                    "candidate": self._tower("candidate", dense, embedded, training)}
         if training and self.negatives is not None:
@@ -234,8 +240,10 @@ class TwoTower(Model):
         query, ids = y_pred["query"], torch.as_tensor(x[self.candidate_id]).to(torch.int64)
         candidates, candidate_ids, _, offset = cross_rank.gather_candidates(
             y_pred["candidate"], ids.to(y_pred["candidate"].device), None)
-        log_q = None if self.frequency is None else \
-            self.frequency(candidate_ids, training=training)
+        log_q = None
+        if self.frequency is not None:       # its methods: no Keras call per step
+            log_q = self.frequency.update(candidate_ids) if training else \
+                self.frequency.log_probability(candidate_ids)
         if "negative" in y_pred:
             candidates = torch.cat([candidates, y_pred["negative"]])
             candidate_ids = torch.cat([candidate_ids, y_pred["negative_ids"]])
@@ -433,8 +441,9 @@ class QueryTower(Model):
         self._side = _side_columns(columns, self.query_features)
 
     def call(self, inputs: dict, training: bool = False) -> torch.Tensor:
-        dense, sparse = self.columns(inputs)
-        return self.tower_output(dense, self.embedding(sparse, training=training), training)
+        dense, sparse = _keras_compat.call_built(self.columns, inputs)
+        embedded = _keras_compat.call_built(self.embedding, sparse, training=training)
+        return self.tower_output(dense, embedded, training)
 
     def tower_output(self, dense: torch.Tensor, embedded: dict,
                      training: bool = False) -> torch.Tensor:

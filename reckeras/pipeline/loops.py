@@ -215,6 +215,24 @@ def _callback_list(model, callbacks, verbose, epochs, steps, add_history=False, 
                                         epochs=epochs, steps=steps, **params)
 
 
+def _overrides(callback: keras.callbacks.Callback, method: str) -> bool:
+    """Whether `callback` has its own `method` (a subclass's or, as
+    `LambdaCallback` sets them, an instance's)."""
+    bound = getattr(callback, method)
+    return getattr(bound, "__func__", None) is not getattr(keras.callbacks.Callback, method)
+
+
+def _batch_end_hook(callback_list: keras.callbacks.CallbackList, kind: str) -> Any:
+    """`callback_list.on_<kind>_batch_end`, or a no-op when no callback has
+    one of its own (for `"train"`, nor an `on_batch_end`, which Keras's
+    default calls): Keras would still hand the no-op to a worker thread
+    every step, a thread wake-up and a GIL hand-off each."""
+    methods = [f"on_{kind}_batch_end"] + (["on_batch_end"] if kind == "train" else [])
+    if any(_overrides(c, m) for c in callback_list.callbacks for m in methods):
+        return getattr(callback_list, methods[0])
+    return lambda step, logs: None
+
+
 def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
         verbose: int | str, callbacks: list | None, validation_split: float,
         validation_data: Any, shuffle: bool, class_weight: dict | None,
@@ -328,6 +346,7 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
 def _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets, shuffle, seed,
                pipeline, prefetch_depth, callback_list, verbose, skip=0):
     """One epoch of `fit`; its first `skip` batches are left out (`resume_at`)."""
+    batch_end = _batch_end_hook(callback_list, "train")
     bar = tqdm(total=steps, initial=skip, desc=f"Epoch {epoch + 1}/{epochs}",
                unit="step", disable=verbose != 1, leave=True)
     examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
@@ -343,7 +362,7 @@ def _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets, shuffle, 
                 raise guard.NonFiniteStepError(
                     f"training step {step + 1} of epoch {epoch + 1}: {error}") from None
             step_s += time.perf_counter() - step_started
-            callback_list.on_train_batch_end(step, logs)
+            batch_end(step, logs)
             examples += batch.rows
             taken += 1
             bar.update(1)
@@ -394,6 +413,7 @@ def evaluate(model: keras.Model, x: Any, y: Any, batch_size: int | None,
     total = streams.agreed_steps(data, batch_size, steps)
     callback_list = _callback_list(model, callbacks, verbose, 1, total)
     model.reset_metrics()
+    batch_end = _batch_end_hook(callback_list, "test")
     callback_list.on_test_begin()
     stream = epoch_stream(model, data, batch_size, total, targets, False,
                           pipeline=pipeline, prefetch_depth=prefetch_depth)
@@ -402,7 +422,7 @@ def evaluate(model: keras.Model, x: Any, y: Any, batch_size: int | None,
                                           unit="step", disable=verbose != 1)):
             callback_list.on_test_batch_begin(step)
             logs = model.test_step(batch.data)
-            callback_list.on_test_batch_end(step, logs)
+            batch_end(step, logs)
     logs = synced_metrics_result(model)
     callback_list.on_test_end(logs)
     return returned_logs(model, logs, return_dict)
@@ -431,6 +451,7 @@ def predict(model: keras.Model, x: Any, batch_size: int | None, verbose: int | s
     data, _ = as_data(x)
     total = streams.agreed_steps(data, batch_size, steps)
     callback_list = _callback_list(model, callbacks, verbose, 1, total)
+    batch_end = _batch_end_hook(callback_list, "predict")
     callback_list.on_predict_begin()
     outputs = []
     stream = epoch_stream(model, data, batch_size, total, Targets(), False,
@@ -442,7 +463,7 @@ def predict(model: keras.Model, x: Any, batch_size: int | None, verbose: int | s
             batch_outputs = keras.tree.map_structure(
                 keras.ops.convert_to_numpy, model.predict_step(batch.data))
             outputs.append(batch_outputs)
-            callback_list.on_predict_batch_end(step, {"outputs": batch_outputs})
+            batch_end(step, {"outputs": batch_outputs})
     callback_list.on_predict_end()
     if not outputs:
         raise ValueError("predict() received no data")

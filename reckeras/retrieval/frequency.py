@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import torch
 
-from reckeras.backend_kernels.hashing import mix64_reference
+from reckeras.backend_kernels.hashing import mix64
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -102,26 +102,34 @@ class FrequencyEstimator(keras.layers.Layer):
         Returns:
             int64 buckets in `[0, num_buckets)`, shaped as `ids`.
         """
-        return torch.remainder(mix64_reference(ids.to(torch.int64)), self.num_buckets)
+        return torch.remainder(mix64(ids.to(torch.int64)), self.num_buckets)
 
-    def update(self, ids: torch.Tensor) -> None:
+    def update(self, ids: torch.Tensor) -> torch.Tensor:
         """Counts one step in which `ids` were seen (see the class docstring).
 
         Args:
             ids: int64 ids of one step, any shape.
+
+        Returns:
+            float32 `log q` of every id after the update, shaped as `ids`
+            (what `log_probability(ids)` would read, without hashing again).
         """
         with torch.no_grad():
             step = self.step.value
             step.add_(1)
-            buckets, counts = torch.unique(self.buckets(ids).reshape(-1),
-                                           return_counts=True)
+            buckets, inverse, counts = torch.unique(self.buckets(ids).reshape(-1),
+                                                    return_inverse=True,
+                                                    return_counts=True)
             last, gap = self.last_step.value, self.gap.value
             since = (step - last[buckets]).to(torch.float32)
             keep = 1.0 - self.alpha
-            counts = counts.to(torch.float32)
-            gap[buckets] = (keep ** counts * gap[buckets]
-                            + self.alpha * keep ** (counts - 1) * since)
+            # (1-a)^c B + a (1-a)^(c-1) since, with one power: since >= 1,
+            # so the new gap is > 0 and its log finite.
+            updated = torch.pow(keep, counts.to(torch.float32) - 1).mul_(
+                torch.add(gap[buckets].mul_(keep), since, alpha=self.alpha))
+            gap[buckets] = updated
             last[buckets] = step
+            return updated.log_().neg_()[inverse].reshape(ids.shape)
 
     def log_probability(self, ids: torch.Tensor) -> torch.Tensor:
         """`log q = -log B` of every id, without updating anything.
@@ -139,9 +147,7 @@ class FrequencyEstimator(keras.layers.Layer):
 
     def call(self, ids: Any, training: bool = False) -> torch.Tensor:
         ids = torch.as_tensor(ids)
-        if training:
-            self.update(ids)
-        return self.log_probability(ids)
+        return self.update(ids) if training else self.log_probability(ids)
 
     def compute_output_spec(self, ids: Any, training: bool = False) -> keras.KerasTensor:
         return keras.KerasTensor(ids.shape, dtype="float32")

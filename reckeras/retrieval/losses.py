@@ -19,8 +19,11 @@ import torch.nn.functional as functional
 
 
 def accidental_hits(positive_ids: torch.Tensor, candidate_ids: torch.Tensor,
-                    positive_index: torch.Tensor) -> torch.Tensor:
+                    positive_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Where a candidate is row `i`'s positive item but not its positive column.
+
+    The pairs are found through the sorted candidate ids (no `[B, N]`
+    comparison): a batch holds few of them, and the losses mask only those.
 
     Args:
         positive_ids: int64 `[B]`, the id of each row's positive.
@@ -28,36 +31,102 @@ def accidental_hits(positive_ids: torch.Tensor, candidate_ids: torch.Tensor,
         positive_index: int64 `[B]`, the column of each row's positive.
 
     Returns:
-        bool `[B, N]`: True where `candidate_ids[j] == positive_ids[i]` and
-        `j != positive_index[i]` (columns the losses leave out).
+        `(rows, columns)`, int64 `[H]` each: the pairs with
+        `candidate_ids[columns[k]] == positive_ids[rows[k]]` and
+        `columns[k] != positive_index[rows[k]]` (the cells the losses leave
+        out), rows ascending, columns ascending within a row.
 
     Example:
 
     ```python
-    hits = accidental_hits(torch.tensor([7, 8]), torch.tensor([7, 8, 7]),
-                           torch.tensor([0, 1]))
-    # [[False, False, True], [False, False, False]]
+    rows, columns = accidental_hits(torch.tensor([7, 8]), torch.tensor([7, 8, 7]),
+                                    torch.tensor([0, 1]))
+    # rows [0], columns [2]
     ```
     """
-    same = positive_ids[:, None] == candidate_ids[None, :]
-    columns = torch.arange(candidate_ids.shape[0], device=candidate_ids.device)
-    return same & (columns[None, :] != positive_index[:, None])
+    order = torch.argsort(candidate_ids, stable=True)
+    ordered = candidate_ids[order]
+    first = torch.searchsorted(ordered, positive_ids)
+    counts = torch.searchsorted(ordered, positive_ids, right=True) - first
+    device = positive_ids.device
+    rows = torch.repeat_interleave(torch.arange(positive_ids.shape[0], device=device),
+                                   counts)
+    # Pair k is the (k - run start)-th of its row's run of equal ids.
+    run_starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    within = torch.arange(rows.shape[0], device=device) - run_starts
+    columns = order[first[rows] + within]
+    keep = columns != positive_index[rows]
+    return rows[keep], columns[keep]
+
+
+def _hit_pairs(hits):
+    """Checks `hits` is `accidental_hits`'s `(rows, columns)` pair."""
+    if not (isinstance(hits, tuple) and len(hits) == 2
+            and all(isinstance(h, torch.Tensor) and h.ndim == 1 and not h.is_floating_point()
+                    and h.dtype != torch.bool for h in hits)):
+        raise ValueError(f"hits must be the (rows, columns) int tensors accidental_hits "
+                         f"returns, got {type(hits).__name__}")
+    return hits
 
 
 def _negatives(scores, positive_index, hits):
     """bool `[B, N]`: the columns that count as row `i`'s negatives."""
-    columns = torch.arange(scores.shape[1], device=scores.device)
-    negatives = columns[None, :] != positive_index[:, None]
-    return negatives if hits is None else negatives & ~hits
+    negatives = torch.ones_like(scores, dtype=torch.bool)
+    negatives[torch.arange(scores.shape[0], device=scores.device), positive_index] = False
+    if hits is not None:
+        negatives[_hit_pairs(hits)] = False
+    return negatives
 
 
 def _positive_scores(scores, positive_index):
     return scores.gather(1, positive_index[:, None])[:, 0]
 
 
+class _SoftmaxCrossEntropy(torch.autograd.Function):
+    """`-log softmax(scores / t - log_q, hits left out)[positive]` per row,
+    its gradient from the saved softmax: one `[B, N]` pass for the logits,
+    the softmax, one pass back (the plain composition scales, shifts, masks
+    and takes a log-softmax, then differentiates each step, with an `exp`
+    of the log-probabilities that costs more than the softmax itself)."""
+
+    @staticmethod
+    def forward(ctx, scores, positive_index, temperature, log_q, hit_rows, hit_columns):
+        if log_q is None:
+            logits = scores * (1.0 / temperature)
+        else:
+            logits = torch.add(log_q[None, :].to(scores.dtype).neg(), scores,
+                               alpha=1.0 / temperature)
+        logits[hit_rows, hit_columns] = torch.finfo(logits.dtype).min
+        positive = logits.gather(1, positive_index[:, None])
+        probabilities = torch.softmax(logits, dim=1)
+        # log sum exp = top - log p(top): the top's probability is >= 1 / N,
+        # so this is exact where -log p(positive) could underflow. (amax:
+        # `max` with its indices is several times slower on CPU.)
+        log_sum_exp = logits.amax(dim=1, keepdim=True) \
+            - probabilities.amax(dim=1, keepdim=True).log()
+        ctx.save_for_backward(probabilities, positive_index)
+        ctx.temperature = temperature
+        return (log_sum_exp - positive)[:, 0]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_rows):
+        probabilities, positive_index = ctx.saved_tensors
+        # d row_i / d logit_ij = p_ij - [j is i's positive]; a hit's p is
+        # exactly 0, so its gradient is too.
+        scale = (grad_rows / ctx.temperature)[:, None]
+        grad_scores = probabilities * scale
+        grad_scores.scatter_add_(1, positive_index[:, None], scale.neg())
+        grad_log_q = None
+        if ctx.needs_input_grad[3]:
+            grad_log_q = grad_scores.sum(0).mul_(-ctx.temperature)
+        return grad_scores, None, None, grad_log_q, None, None
+
+
 def sampled_softmax_loss(scores: torch.Tensor, positive_index: torch.Tensor,
                          temperature: float = 1.0, log_q: torch.Tensor | None = None,
-                         hits: torch.Tensor | None = None) -> torch.Tensor:
+                         hits: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> torch.Tensor:
     """Softmax cross-entropy of each row's positive among its candidates.
 
     The logits are `scores / temperature - log_q[j]` (the logQ correction
@@ -71,7 +140,7 @@ def sampled_softmax_loss(scores: torch.Tensor, positive_index: torch.Tensor,
         temperature: divides the scores (`> 0`).
         log_q: float `[N]`, each candidate's log sampling probability, or
             None for no correction.
-        hits: bool `[B, N]` from `accidental_hits`, or None.
+        hits: `(rows, columns)` from `accidental_hits`, or None.
 
     Returns:
         float `[B]`: `-log softmax(logits)[i, positive_index[i]]`.
@@ -83,22 +152,20 @@ def sampled_softmax_loss(scores: torch.Tensor, positive_index: torch.Tensor,
     loss = sampled_softmax_loss(scores, torch.arange(B), temperature=0.05).mean()
     ```
     """
-    logits = scores / temperature
-    if log_q is not None:
-        logits = logits - log_q[None, :].to(logits.dtype)
-    if hits is not None:
-        logits = logits.masked_fill(hits, torch.finfo(logits.dtype).min)
-    return functional.cross_entropy(logits, positive_index, reduction="none")
+    empty = torch.zeros(0, dtype=torch.int64, device=scores.device)
+    hit_rows, hit_columns = (empty, empty) if hits is None else _hit_pairs(hits)
+    return _SoftmaxCrossEntropy.apply(scores, positive_index, float(temperature), log_q,
+                                      hit_rows, hit_columns)
 
 
 def bpr_loss(scores: torch.Tensor, positive_index: torch.Tensor,
-             hits: torch.Tensor | None = None) -> torch.Tensor:
+             hits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Bayesian personalized ranking (Rendle et al. 2009) over each row's negatives.
 
     Args:
         scores: float `[B, N]`.
         positive_index: int64 `[B]`, the column of each row's positive.
-        hits: bool `[B, N]` from `accidental_hits`, or None.
+        hits: `(rows, columns)` from `accidental_hits`, or None.
 
     Returns:
         float `[B]`: the mean over row `i`'s negatives `j` of
@@ -119,7 +186,8 @@ def bpr_loss(scores: torch.Tensor, positive_index: torch.Tensor,
 
 def cosine_contrastive_loss(scores: torch.Tensor, positive_index: torch.Tensor,
                             margin: float = 0.0, negative_weight: float = 1.0,
-                            hits: torch.Tensor | None = None) -> torch.Tensor:
+                            hits: tuple[torch.Tensor, torch.Tensor] | None = None
+                            ) -> torch.Tensor:
     """SimpleX's cosine contrastive loss (Mao et al., CIKM 2021).
 
     `scores` are cosine similarities (dot products of L2-normalized
@@ -132,7 +200,7 @@ def cosine_contrastive_loss(scores: torch.Tensor, positive_index: torch.Tensor,
         positive_index: int64 `[B]`, the column of each row's positive.
         margin: negatives with a cosine at or below it cost nothing.
         negative_weight: weight of the negatives' mean term.
-        hits: bool `[B, N]` from `accidental_hits`, or None.
+        hits: `(rows, columns)` from `accidental_hits`, or None.
 
     Returns:
         float `[B]`: `(1 - cos_pos) + negative_weight * mean_j relu(cos_j -

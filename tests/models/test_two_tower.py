@@ -138,6 +138,27 @@ def test_in_batch_loss_equals_the_reference_softmax():
     assert logs["loss"] == pytest.approx(np.mean(expected), rel=1e-5)
 
 
+def test_the_table_penalty_counts_once_per_step():
+    # The inner layers run without Keras's __call__ (call_built): their
+    # added losses must still be cleared by the model's own call each step.
+    keras.utils.set_random_seed(4)
+    model = compiled(rk.models.two_tower(columns(8), ["user"], ["item"], query_units=(8,),
+                                         embedding_l2=0.5, logq_correction=False))
+    data = pa.table({"user": np.arange(6), "item": np.arange(6) + 10,
+                     "age": np.zeros(6, np.float32)})
+    model.fit(data, batch_size=6, verbose=0)
+    with_penalty = model.evaluate(data, batch_size=6, verbose=0, return_dict=True)["loss"]
+    assert len(model.losses) == 1
+    model.evaluate(data, batch_size=6, verbose=0)
+    assert len(model.losses) == 1
+    out = model.predict(data, verbose=0)
+    scores = out["query"] @ out["candidate"].T / model.temperature
+    plain = np.mean(np.log(np.exp(scores).sum(1)) - np.diag(scores))
+    penalty = float(keras.ops.convert_to_numpy(model.losses[0]))
+    assert penalty > 0
+    assert with_penalty == pytest.approx(plain + penalty, rel=1e-5)
+
+
 def test_bad_options_are_refused_naming_the_model():
     with pytest.raises(ValueError, match="two_tower: query_features names"):
         rk.models.two_tower(columns(), ["nobody"], ["item"])

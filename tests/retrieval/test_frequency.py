@@ -35,6 +35,18 @@ def test_matches_the_sequential_loop_with_duplicates_and_collisions():
     np.testing.assert_allclose(log_q.numpy(), expected, rtol=1e-5)
 
 
+def test_update_returns_what_log_probability_reads_after_it():
+    estimator = rk.retrieval.FrequencyEstimator(num_buckets=16, alpha=0.3)
+    estimator.build()
+    estimator.update(torch.tensor([1, 2, 2]))
+    ids = torch.tensor([[2, 7, 2], [9, 1, 7]])          # any shape, duplicates
+    log_q = estimator.update(ids)
+    assert log_q.shape == (2, 3) and int(estimator.step.numpy()) == 2
+    np.testing.assert_array_equal(log_q.numpy(), estimator.log_probability(ids).numpy())
+    # Id 9, first seen at step 2 (a bucket of its own): B = 0.3 * (2 - 0).
+    np.testing.assert_allclose(log_q[1, 0].item(), -np.log(0.6), rtol=1e-6)
+
+
 def test_estimate_converges_to_the_true_frequency():
     # Item i appears in a batch with probability p_i: the gap tends to 1 / p_i.
     rng = np.random.default_rng(1)
