@@ -70,6 +70,8 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
                                _PTR, _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
     "rk_unique_rows": (_I64, [_PTR, _I64, _I64, _PTR, _PTR, _PTR]),
+    "rk_compact_present": (_I64, [_PTR, _PTR, _I64, _PTR, _PTR, _INT]),
+    "rk_bag_of_ids": (_INT, [_PTR, _I64, _I64, _PTR, _INT]),
     "rk_apply_update": (_INT, [_INT, _PTR, _INT, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64,
                                ctypes.c_float, ctypes.c_float, ctypes.c_uint32, _INT]),
 }
@@ -201,7 +203,6 @@ def usable(*tensors: torch.Tensor, table: torch.Tensor | None = None) -> bool:
     cpu_native.usable(torch.zeros(4, 8), torch.arange(4))   # True where built
     cpu_native.usable(torch.zeros(4, 8).t())                # False: not contiguous
     cpu_native.usable(torch.arange(4, dtype=torch.int32))   # False: int32
-    cpu_native.usable(torch.arange(4), table=torch.zeros(4, 8, dtype=torch.bfloat16))
     ```
     """
     operands = all(t.is_cpu and t.is_contiguous() and t.dtype in (torch.float32, torch.int64)
@@ -580,6 +581,61 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     if count < 0:
         raise out_of_range(kernel, "rows", rows, num_rows, "num_rows")
     return unique[:count], unique_index
+
+
+def compact_present(values: torch.Tensor,
+                    present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ragged_layout.compact_present` in one C pass (two on several threads).
+
+    Args:
+        values: int64 `[n]`.
+        present: bool `[n]`, which values to keep.
+
+    Returns:
+        `(ids, offsets)`: int64 `[N]` the kept values in order (a view of an
+        `[n]` buffer) and int64 `[n + 1]` how many come before each.
+
+    Example:
+
+    ```python
+    cpu_native.compact_present(torch.tensor([4, 5]), torch.tensor([False, True]))  # [5], [0, 0, 1]
+    ```
+    """
+    check_tensor("compact_present", "values", values, torch.int64, 1)
+    check_tensor("compact_present", "present", present, torch.bool, 1)
+    if present.shape != values.shape:
+        raise ValueError("cpu_native.compact_present: present and values differ in length")
+    n = values.shape[0]
+    ids, offsets = torch.empty_like(values), torch.empty(n + 1, dtype=torch.int64)
+    count = _loaded().rk_compact_present(_p(values), _p(present), n, _p(ids), _p(offsets),
+                                         _threads())
+    return ids[:count], offsets
+
+
+def bag_of_ids(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
+    """`ragged_layout.bag_of_ids` in one C loop (bad offsets: a `ValueError`).
+
+    Args:
+        offsets: int64 `[M + 1]`: from 0, never decreasing, to `num_ids`.
+        num_ids: the number of ids.
+
+    Returns:
+        int64 `[num_ids]`: the bag of every id.
+
+    Example:
+
+    ```python
+    cpu_native.bag_of_ids(torch.tensor([0, 2, 2, 3]), 3)   # tensor([0, 0, 2])
+    ```
+    """
+    check_tensor("bag_of_ids", "offsets", offsets, torch.int64, 1)
+    num_ids = check_integer("bag_of_ids", "num_ids", num_ids)
+    bags = torch.empty(num_ids, dtype=torch.int64)
+    if not offsets.shape[0] or _loaded().rk_bag_of_ids(
+            _p(offsets), offsets.shape[0] - 1, num_ids, _p(bags), _threads()):
+        raise ValueError(f"cpu_native.bag_of_ids: offsets must start at 0, never decrease "
+                         f"and end at num_ids={num_ids}")
+    return bags
 
 
 UPDATE_KINDS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
