@@ -480,9 +480,11 @@ def _layout_of(specs: _Sequence[Any], schema: pa.Schema) -> _Layout:
         if len(block) < 2:
             one_by_one += block
             continue
-        columns = None if checked else [lengths_column[s.name] for s in block]
-        if columns and columns == list(range(columns[0], columns[0] + len(columns))):
-            columns = slice(columns[0], columns[0] + len(columns))
+        columns: slice | list[int] | None = None
+        if not checked:                # ids: their LENGTHS columns
+            columns = [lengths_column[s.name] for s in block]
+            if columns == list(range(columns[0], columns[0] + len(columns))):
+                columns = slice(columns[0], columns[0] + len(columns))
         blocks.append(_Block([positions[s.name] for s in block],
                              tuple(s.name for s in block), checked, columns))
     order = {id(spec): i for i, spec in enumerate(specs)}

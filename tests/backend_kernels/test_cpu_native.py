@@ -116,7 +116,7 @@ def test_bag_of_ids_refuses_offsets_that_are_not_offsets(offsets, num_ids):
 
 
 def test_compact_present_refuses_bad_arguments():
-    with pytest.raises(TypeError, match="compact_present: present must be torch.bool"):
+    with pytest.raises(TypeError, match=r"compact_present: present must be torch\.bool"):
         cpu_native.compact_present(torch.arange(3), torch.ones(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="present and values differ in length"):
         cpu_native.compact_present(torch.arange(3), torch.ones(2, dtype=torch.bool))
