@@ -630,9 +630,11 @@ def bag_of_ids(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
     """
     check_tensor("bag_of_ids", "offsets", offsets, torch.int64, 1)
     num_ids = check_integer("bag_of_ids", "num_ids", num_ids)
-    bags = torch.empty(num_ids, dtype=torch.int64)
-    if not offsets.shape[0] or _loaded().rk_bag_of_ids(
-            _p(offsets), offsets.shape[0] - 1, num_ids, _p(bags), _threads()):
+    # The last offset first, so that a wrong num_ids allocates nothing.
+    ends = offsets.shape[0] > 0 and int(offsets[-1]) == num_ids
+    bags = torch.empty(num_ids if ends else 0, dtype=torch.int64)
+    if not ends or _loaded().rk_bag_of_ids(_p(offsets), offsets.shape[0] - 1, num_ids,
+                                           _p(bags), _threads()):
         raise ValueError(f"cpu_native.bag_of_ids: offsets must start at 0, never decrease "
                          f"and end at num_ids={num_ids}")
     return bags
