@@ -1,37 +1,32 @@
 """Native CPU kernels: the C loops of `cpu_native.c`, called through ctypes.
 
-The torch references express each per-batch operation with whole-tensor ops,
-which on a CPU means one pass over memory per op (a hash alone is a dozen).
-These kernels do each operation in one pass, the way fbgemm's CPU kernels
-serve TorchRec, split over torch's intra-op threads (`torch.get_num_threads`)
-where the iterations write disjoint memory; the result does not depend on the
-thread count. The threads are torch's own OpenMP pool (see cpu_native.c), so
-what holds for torch's CPU ops holds here: a process forked after they ran
-must not run them (GNU OpenMP's pool does not survive `fork`; use the
-`spawn` start method, as torchrun and `torch.multiprocessing.spawn` do).
+The torch references express each per-batch operation with whole-tensor ops, which on a CPU
+means one pass over memory per op (a hash alone is a dozen). These kernels do each operation in
+one pass, the way fbgemm's CPU kernels serve TorchRec, split over torch's intra-op threads
+(`torch.get_num_threads`) where the iterations write disjoint memory; the result does not depend
+on the thread count. The threads are torch's own OpenMP pool (see cpu_native.c), so what holds
+for torch's CPU ops holds here: a process forked after they ran must not run them (GNU OpenMP's
+pool does not survive `fork`; use the `spawn` start method, as torchrun and
+`torch.multiprocessing.spawn` do).
 
-They are compiled on first use (`native_build`: the system C compiler,
-`$CC` or `cc`, into `rk.config`'s `cache_dir`) and loaded here by
-`library()`. Without a compiler (a warning names what to install), or with
-`RECKERAS_NATIVE=0`, `available()` is False and the library keeps using
-the torch references. `RECKERAS_NATIVE_SANITIZE=1` loads the sanitized
-build instead, and a failed build then raises instead of falling back: the
-process must have the ASan runtime loaded first (`LD_PRELOAD` of `gcc
--print-file-name=libasan.so`), which `scripts/test_sanitized.sh` arranges.
+They are compiled on first use (`native_build`: the system C compiler, `$CC` or `cc`, into
+`rk.config`'s `cache_dir`) and loaded here by `library()`. Without a compiler (a warning names
+what to install), or with `RECKERAS_NATIVE=0`, `available()` is False and the library keeps
+using the torch references. `RECKERAS_NATIVE_SANITIZE=1` loads the sanitized build instead, and
+a failed build then raises instead of falling back: the process must have the ASan runtime
+loaded first (`LD_PRELOAD` of `gcc -print-file-name=libasan.so`), which
+`scripts/test_sanitized.sh` arranges.
 
-The wrappers are the boundary between Python and C, and a bad argument is
-an exception, never a wild read or write. Before the call each refuses (`native_checks`),
-with a `TypeError` or `ValueError` naming the kernel and the argument, a
-non-tensor, a wrong dtype, a tensor that is not a dense contiguous CPU
-tensor, wrong dims or sizes, and scalars out of range: the C code trusts
-the sizes it is passed. The index *values* (rows, positions, destinations)
-are checked by the C kernels themselves before they touch memory through
-them, which costs 0-2% of a kernel where a torch `aminmax` per index tensor
-before the call cost 8-15% (cpu_native.c); the wrapper raises a `ValueError`
-naming the argument, and nothing the caller can see was written. The CPU
-implementations of the `reckeras` torch ops (`dispatch.register`) call a
-kernel where `usable` holds for its tensors, and the torch reference
-otherwise.
+The wrappers are the boundary between Python and C, and a bad argument is an exception, never a
+wild read or write. Before the call each refuses (`native_checks`), with a `TypeError` or
+`ValueError` naming the kernel and the argument, a non-tensor, a wrong dtype, a tensor that is
+not a dense contiguous CPU tensor, wrong dims or sizes, and scalars out of range: the C code
+trusts the sizes it is passed. The index *values* (rows, positions, destinations) are checked by
+the C kernels themselves before they touch memory through them, which costs 0-2% of a kernel
+where a torch `aminmax` per index tensor before the call cost 8-15% (cpu_native.c); the wrapper
+raises a `ValueError` naming the argument, and nothing the caller can see was written. The CPU
+implementations of the `reckeras` torch ops (`dispatch.register`) call a kernel where `usable`
+holds for its tensors, and the torch reference otherwise.
 """
 
 import ctypes
@@ -592,8 +587,7 @@ def compact_present(values: torch.Tensor,
         present: bool `[n]`, which values to keep.
 
     Returns:
-        `(ids, offsets)`: int64 `[N]` the kept values in order (a view of an
-        `[n]` buffer) and int64 `[n + 1]` how many come before each.
+        `(ids, offsets)`: int64 `[N]` the kept values (a view), `[n + 1]` their offsets.
 
     Example:
 
@@ -605,10 +599,9 @@ def compact_present(values: torch.Tensor,
     check_tensor("compact_present", "present", present, torch.bool, 1)
     if present.shape != values.shape:
         raise ValueError("cpu_native.compact_present: present and values differ in length")
-    n = values.shape[0]
-    ids, offsets = torch.empty_like(values), torch.empty(n + 1, dtype=torch.int64)
-    count = _loaded().rk_compact_present(_p(values), _p(present), n, _p(ids), _p(offsets),
-                                         _threads())
+    ids, offsets = torch.empty_like(values), values.new_empty(values.shape[0] + 1)
+    count = _loaded().rk_compact_present(_p(values), _p(present), values.shape[0], _p(ids),
+                                         _p(offsets), _threads())
     return ids[:count], offsets
 
 
