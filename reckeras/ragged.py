@@ -37,30 +37,6 @@ def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
-def bag_of_ids(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
-    """The bag index of every id.
-
-    Args:
-        offsets: int64 `[n + 1]` bag offsets.
-        num_ids: the number of ids, `offsets[-1]` (given, so that no device
-            sync reads it).
-
-    Returns:
-        int64 `[num_ids]`: the bag that holds each id.
-
-    Example:
-
-    ```python
-    from reckeras.ragged import bag_of_ids
-
-    bag_of_ids(torch.tensor([0, 2, 2, 5]), 5)   # tensor([0, 0, 2, 2, 2])
-    ```
-    """
-    lengths = offsets[1:] - offsets[:-1]
-    bags = torch.arange(lengths.numel(), device=offsets.device)
-    return torch.repeat_interleave(bags, lengths, output_size=num_ids)
-
-
 def batch_size(offsets: torch.Tensor, num_slots: int) -> int:
     """The number of examples in a packed batch.
 

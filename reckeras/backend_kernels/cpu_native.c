@@ -619,3 +619,86 @@ int64_t rk_unique_rows(const int64_t *rows, int64_t n, int64_t num_rows,
     for (int64_t u = 0; u < count; u++) position[unique[u]] = -1;
     return bad ? -1 : count;
 }
+
+/* ---- The layout of packed batches (ragged_layout.py) ---------------------- */
+
+/* The threads worth using for a loop over n items (parallel_ranges' rule),
+ * for the two-phase loops below that split [0, n) the same way twice. */
+static int threads_for(int threads, int64_t n) {
+    int64_t most = n / MIN_ITEMS_PER_THREAD;
+    if (threads > most) threads = (int)most;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    return threads < 1 ? 1 : threads;
+}
+
+/* ids = the values[i] with present[i] != 0, in order; offsets[i] = how many
+ * of them come before i (offsets[n]: all). Each thread counts its range,
+ * then writes it from the count of the ranges before it. The write loop is
+ * branch-free up to the range's last present entry: an absent entry's
+ * write at ids[k] is overwritten by the next present one, which lies in the
+ * same range, so no thread writes past its own part of ids. ids holds n
+ * entries (the most there can be). Returns the count. No value is an index:
+ * nothing to check. */
+int64_t rk_compact_present(const int64_t *values, const uint8_t *present, int64_t n,
+                           int64_t *ids, int64_t *offsets, int threads) {
+    int t_count = threads_for(threads, n);
+    int64_t start_of[MAX_THREADS + 1];
+    start_of[0] = 0;
+    #pragma omp parallel for num_threads(t_count) schedule(static, 1) if (t_count > 1)
+    for (int t = 0; t < t_count; t++) {
+        int64_t count = 0;
+        for (int64_t i = n * t / t_count; i < n * (t + 1) / t_count; i++)
+            count += present[i] != 0;
+        start_of[t + 1] = count;
+    }
+    for (int t = 0; t < t_count; t++) start_of[t + 1] += start_of[t];
+    #pragma omp parallel for num_threads(t_count) schedule(static, 1) if (t_count > 1)
+    for (int t = 0; t < t_count; t++) {
+        int64_t lo = n * t / t_count, hi = n * (t + 1) / t_count, last = hi;
+        while (last > lo && !present[last - 1]) last--;
+        int64_t k = start_of[t];
+        for (int64_t i = lo; i < last; i++) {
+            offsets[i] = k;
+            ids[k] = values[i];
+            k += present[i] != 0;
+        }
+        for (int64_t i = last; i < hi; i++) offsets[i] = k;
+    }
+    offsets[n] = start_of[t_count];
+    return start_of[t_count];
+}
+
+/* bags[j] = k for offsets[k] <= j < offsets[k + 1]: the bag of every id.
+ * The offsets are checked before anything is written (they address bags):
+ * returns 0, or -1 unless they start at 0, never decrease and end at
+ * num_ids. A thread owns a range of bags, whose ids lie in a range of their
+ * own. */
+struct bag_of_ids_args {
+    const int64_t *offsets;
+    int64_t *bags;
+};
+
+/* Up to the range's last non-empty bag every bag writes its first position
+ * without a branch (bags of 0 or 1 ids, a batch with missing values, are
+ * the common case): an empty bag's write is overwritten by the next
+ * non-empty bag, which starts at the same position and lies in the range. */
+static void bag_of_ids_range(void *context, int64_t start, int64_t end) {
+    struct bag_of_ids_args *a = (struct bag_of_ids_args *)context;
+    const int64_t *offsets = a->offsets;
+    int64_t last = end;
+    while (last > start && offsets[last] == offsets[last - 1]) last--;
+    for (int64_t k = start; k < last; k++) {
+        a->bags[offsets[k]] = k;
+        for (int64_t j = offsets[k] + 1; j < offsets[k + 1]; j++) a->bags[j] = k;
+    }
+}
+
+int rk_bag_of_ids(const int64_t *offsets, int64_t num_bags, int64_t num_ids,
+                  int64_t *bags, int threads) {
+    int bad = offsets[0] != 0 || offsets[num_bags] != num_ids;
+    for (int64_t k = 0; k < num_bags; k++) bad |= offsets[k + 1] < offsets[k];
+    if (bad) return -1;
+    struct bag_of_ids_args a = {offsets, bags};
+    parallel_ranges(threads, num_bags, num_bags + num_ids, bag_of_ids_range, &a);
+    return 0;
+}

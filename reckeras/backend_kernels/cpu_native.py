@@ -1,37 +1,32 @@
 """Native CPU kernels: the C loops of `cpu_native.c`, called through ctypes.
 
-The torch references express each per-batch operation with whole-tensor ops,
-which on a CPU means one pass over memory per op (a hash alone is a dozen).
-These kernels do each operation in one pass, the way fbgemm's CPU kernels
-serve TorchRec, split over torch's intra-op threads (`torch.get_num_threads`)
-where the iterations write disjoint memory; the result does not depend on the
-thread count. The threads are torch's own OpenMP pool (see cpu_native.c), so
-what holds for torch's CPU ops holds here: a process forked after they ran
-must not run them (GNU OpenMP's pool does not survive `fork`; use the
-`spawn` start method, as torchrun and `torch.multiprocessing.spawn` do).
+The torch references express each per-batch operation with whole-tensor ops, which on a CPU
+means one pass over memory per op (a hash alone is a dozen). These kernels do each operation in
+one pass, the way fbgemm's CPU kernels serve TorchRec, split over torch's intra-op threads
+(`torch.get_num_threads`) where the iterations write disjoint memory; the result does not depend
+on the thread count. The threads are torch's own OpenMP pool (see cpu_native.c), so what holds
+for torch's CPU ops holds here: a process forked after they ran must not run them (GNU OpenMP's
+pool does not survive `fork`; use the `spawn` start method, as torchrun and
+`torch.multiprocessing.spawn` do).
 
-They are compiled on first use (`native_build`: the system C compiler,
-`$CC` or `cc`, into `rk.config`'s `cache_dir`) and loaded here by
-`library()`. Without a compiler (a warning names what to install), or with
-`RECKERAS_NATIVE=0`, `available()` is False and the library keeps using
-the torch references. `RECKERAS_NATIVE_SANITIZE=1` loads the sanitized
-build instead, and a failed build then raises instead of falling back: the
-process must have the ASan runtime loaded first (`LD_PRELOAD` of `gcc
--print-file-name=libasan.so`), which `scripts/test_sanitized.sh` arranges.
+They are compiled on first use (`native_build`: the system C compiler, `$CC` or `cc`, into
+`rk.config`'s `cache_dir`) and loaded here by `library()`. Without a compiler (a warning names
+what to install), or with `RECKERAS_NATIVE=0`, `available()` is False and the library keeps
+using the torch references. `RECKERAS_NATIVE_SANITIZE=1` loads the sanitized build instead, and
+a failed build then raises instead of falling back: the process must have the ASan runtime
+loaded first (`LD_PRELOAD` of `gcc -print-file-name=libasan.so`), which
+`scripts/test_sanitized.sh` arranges.
 
-The wrappers are the boundary between Python and C, and a bad argument is
-an exception, never a wild read or write. Before the call each refuses (`native_checks`),
-with a `TypeError` or `ValueError` naming the kernel and the argument, a
-non-tensor, a wrong dtype, a tensor that is not a dense contiguous CPU
-tensor, wrong dims or sizes, and scalars out of range: the C code trusts
-the sizes it is passed. The index *values* (rows, positions, destinations)
-are checked by the C kernels themselves before they touch memory through
-them, which costs 0-2% of a kernel where a torch `aminmax` per index tensor
-before the call cost 8-15% (cpu_native.c); the wrapper raises a `ValueError`
-naming the argument, and nothing the caller can see was written. The CPU
-implementations of the `reckeras` torch ops (`dispatch.register`) call a
-kernel where `usable` holds for its tensors, and the torch reference
-otherwise.
+The wrappers are the boundary between Python and C, and a bad argument is an exception, never a
+wild read or write. Before the call each refuses (`native_checks`), with a `TypeError` or
+`ValueError` naming the kernel and the argument, a non-tensor, a wrong dtype, a tensor that is
+not a dense contiguous CPU tensor, wrong dims or sizes, and scalars out of range: the C code
+trusts the sizes it is passed. The index *values* (rows, positions, destinations) are checked by
+the C kernels themselves before they touch memory through them, which costs 0-2% of a kernel
+where a torch `aminmax` per index tensor before the call cost 8-15% (cpu_native.c); the wrapper
+raises a `ValueError` naming the argument, and nothing the caller can see was written. The CPU
+implementations of the `reckeras` torch ops (`dispatch.register`) call a kernel where `usable`
+holds for its tensors, and the torch reference otherwise.
 """
 
 import ctypes
@@ -70,6 +65,8 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
                                _PTR, _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
     "rk_unique_rows": (_I64, [_PTR, _I64, _I64, _PTR, _PTR, _PTR]),
+    "rk_compact_present": (_I64, [_PTR, _PTR, _I64, _PTR, _PTR, _INT]),
+    "rk_bag_of_ids": (_INT, [_PTR, _I64, _I64, _PTR, _INT]),
     "rk_apply_update": (_INT, [_INT, _PTR, _INT, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64,
                                ctypes.c_float, ctypes.c_float, ctypes.c_uint32, _INT]),
 }
@@ -201,7 +198,6 @@ def usable(*tensors: torch.Tensor, table: torch.Tensor | None = None) -> bool:
     cpu_native.usable(torch.zeros(4, 8), torch.arange(4))   # True where built
     cpu_native.usable(torch.zeros(4, 8).t())                # False: not contiguous
     cpu_native.usable(torch.arange(4, dtype=torch.int32))   # False: int32
-    cpu_native.usable(torch.arange(4), table=torch.zeros(4, 8, dtype=torch.bfloat16))
     ```
     """
     operands = all(t.is_cpu and t.is_contiguous() and t.dtype in (torch.float32, torch.int64)
@@ -580,6 +576,61 @@ def unique_rows(rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     if count < 0:
         raise out_of_range(kernel, "rows", rows, num_rows, "num_rows")
     return unique[:count], unique_index
+
+
+def compact_present(values: torch.Tensor,
+                    present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ragged_layout.compact_present` in one C pass (two on several threads).
+
+    Args:
+        values: int64 `[n]`.
+        present: bool `[n]`, which values to keep.
+
+    Returns:
+        `(ids, offsets)`: int64 `[N]` the kept values (a view), `[n + 1]` their offsets.
+
+    Example:
+
+    ```python
+    cpu_native.compact_present(torch.tensor([4, 5]), torch.tensor([False, True]))  # [5], [0, 0, 1]
+    ```
+    """
+    check_tensor("compact_present", "values", values, torch.int64, 1)
+    check_tensor("compact_present", "present", present, torch.bool, 1)
+    if present.shape != values.shape:
+        raise ValueError("cpu_native.compact_present: present and values differ in length")
+    ids, offsets = torch.empty_like(values), values.new_empty(values.shape[0] + 1)
+    count = _loaded().rk_compact_present(_p(values), _p(present), values.shape[0], _p(ids),
+                                         _p(offsets), _threads())
+    return ids[:count], offsets
+
+
+def bag_of_ids(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
+    """`ragged_layout.bag_of_ids` in one C loop (bad offsets: a `ValueError`).
+
+    Args:
+        offsets: int64 `[M + 1]`: from 0, never decreasing, to `num_ids`.
+        num_ids: the number of ids.
+
+    Returns:
+        int64 `[num_ids]`: the bag of every id.
+
+    Example:
+
+    ```python
+    cpu_native.bag_of_ids(torch.tensor([0, 2, 2, 3]), 3)   # tensor([0, 0, 2])
+    ```
+    """
+    check_tensor("bag_of_ids", "offsets", offsets, torch.int64, 1)
+    num_ids = check_integer("bag_of_ids", "num_ids", num_ids)
+    # The last offset first, so that a wrong num_ids allocates nothing.
+    ends = offsets.shape[0] > 0 and int(offsets[-1]) == num_ids
+    bags = torch.empty(num_ids if ends else 0, dtype=torch.int64)
+    if not ends or _loaded().rk_bag_of_ids(_p(offsets), offsets.shape[0] - 1, num_ids,
+                                           _p(bags), _threads()):
+        raise ValueError(f"cpu_native.bag_of_ids: offsets must start at 0, never decrease "
+                         f"and end at num_ids={num_ids}")
+    return bags
 
 
 UPDATE_KINDS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}

@@ -327,6 +327,7 @@ def encode(specs: _Sequence[Any],
     inputs: dict[str, np.ndarray] = {}
     one_by_one = layout.one_by_one
     lengths: dict[str, np.ndarray] = {}    # the lengths that are not all 1
+    present_blocks = []                    # (LENGTHS columns, present) of id blocks
     for block in layout.blocks:
         selected = table.select(block.positions)
         if any(column.null_count for column in selected.columns):
@@ -339,8 +340,8 @@ def encode(specs: _Sequence[Any],
                                     f"+-inf")
         # The rows of the transposed view are the matrix's columns (views of it).
         inputs.update(zip(block.names, matrix.T, strict=True))
-        if not block.checked:          # ids: a null is a missing id
-            lengths.update((block.names[j], present[:, j]) for j in with_nulls)
+        if not block.checked and with_nulls:     # ids: a null is a missing id
+            present_blocks.append((block.lengths_columns, present))
     positions = layout.positions
     for spec in one_by_one:            # host side, once per column and batch
         if spec.name in inputs:
@@ -363,14 +364,16 @@ def encode(specs: _Sequence[Any],
             if spec.weights is not None and row_weights is not None:
                 inputs[spec.weights] = row_weights
     carried = layout.carried
-    if carried and not lengths:
+    if carried and not lengths and not present_blocks:
         inputs[LENGTHS] = _all_present(table.num_rows, len(carried))
     elif carried:
-        # Column-major: the plan reads it feature by feature.
+        # Column-major: the plan reads it feature by feature. A block's
+        # columns are copied at once (one by one: ~0.6 ms at 300 features).
         matrix = np.ones((table.num_rows, len(carried)), dtype=np.int32, order="F")
-        for j, spec in enumerate(carried):
-            if spec.name in lengths:
-                matrix[:, j] = lengths[spec.name]
+        for columns, present in present_blocks:
+            matrix[:, columns] = present
+        for name, valid in lengths.items():
+            matrix[:, layout.lengths_column[name]] = valid
         inputs[LENGTHS] = matrix
     return inputs
 
@@ -384,6 +387,8 @@ class _Block(NamedTuple):
     positions: list[int]     # the columns in the schema
     names: tuple[str, ...]   # their features
     checked: bool            # floats: +-inf is an error
+    # ids: their LENGTHS columns (a slice where consecutive), filled in one copy
+    lengths_columns: slice | list[int] | None
 
 
 def _matrix_with_nulls(selected: pa.Table, block: _Block
@@ -427,6 +432,7 @@ class _Layout(NamedTuple):
     blocks: list[_Block]
     one_by_one: list         # the specs read column by column, in order
     carried: list            # `with_lengths(specs)`
+    lengths_column: dict     # feature name -> its LENGTHS column
 
 
 _LAYOUTS: list[_Layout] = []       # the most recent first
@@ -467,17 +473,24 @@ def _layout_of(specs: _Sequence[Any], schema: pa.Schema) -> _Layout:
             floats.append(spec)
         else:
             one_by_one.append(spec)    # a missing column is reported there
+    carried = with_lengths(specs)
+    lengths_column = {spec.name: j for j, spec in enumerate(carried)}
     blocks = []
     for block, checked in ((ids, False), (floats, True)):
         if len(block) < 2:
             one_by_one += block
             continue
+        columns: slice | list[int] | None = None
+        if not checked:                # ids: their LENGTHS columns
+            columns = [lengths_column[s.name] for s in block]
+            if columns == list(range(columns[0], columns[0] + len(columns))):
+                columns = slice(columns[0], columns[0] + len(columns))
         blocks.append(_Block([positions[s.name] for s in block],
-                             tuple(s.name for s in block), checked))
+                             tuple(s.name for s in block), checked, columns))
     order = {id(spec): i for i, spec in enumerate(specs)}
     one_by_one.sort(key=lambda spec: order[id(spec)])
     layout = _Layout(tuple(specs), identity, schema, positions, blocks, one_by_one,
-                     with_lengths(specs))
+                     carried, lengths_column)
     _LAYOUTS.insert(0, layout)
     del _LAYOUTS[_LAYOUTS_KEPT:]
     return layout

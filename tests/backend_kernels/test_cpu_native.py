@@ -6,6 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -76,6 +77,49 @@ def test_unique_rows(rows):
     assert sorted(unique.tolist()) == sorted(set(rows.tolist()))
     again, _ = cpu_native.unique_rows(rows, 51)       # the buffer was reset
     assert torch.equal(again, unique)
+
+
+def present_values(draw_present, values):
+    """numpy's compaction of `values` where `draw_present` holds, and its offsets."""
+    kept = np.asarray(values, dtype=np.int64)[np.asarray(draw_present, dtype=bool)]
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(draw_present, dtype=np.int64))])
+    return kept, offsets
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.booleans()), max_size=300),
+       st.sampled_from(["drawn", "all present", "all absent"]))
+def test_compact_present(entries, pattern):
+    values = [value for value, _ in entries]
+    present = [{"drawn": keep, "all present": True, "all absent": False}[pattern]
+               for _, keep in entries]
+    ids, offsets = cpu_native.compact_present(torch.tensor(values, dtype=torch.int64),
+                                              torch.tensor(present, dtype=torch.bool))
+    kept, expected_offsets = present_values(present, values)
+    assert ids.tolist() == kept.tolist()
+    assert offsets.tolist() == expected_offsets.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=300))
+def test_bag_of_ids(lengths):
+    offsets = torch.tensor([0, *np.cumsum(lengths, dtype=np.int64)], dtype=torch.int64)
+    expected = np.repeat(np.arange(len(lengths)), lengths)
+    assert cpu_native.bag_of_ids(offsets, sum(lengths)).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("offsets, num_ids", [
+    ([1, 2], 2), ([0, 2, 1, 3], 3), ([0, 1, 2], 3), ([0, 3], 2), ([], 0)])
+def test_bag_of_ids_refuses_offsets_that_are_not_offsets(offsets, num_ids):
+    with pytest.raises(ValueError, match="bag_of_ids: offsets must start at 0"):
+        cpu_native.bag_of_ids(torch.tensor(offsets, dtype=torch.int64), num_ids)
+
+
+def test_compact_present_refuses_bad_arguments():
+    with pytest.raises(TypeError, match=r"compact_present: present must be torch\.bool"):
+        cpu_native.compact_present(torch.arange(3), torch.ones(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="present and values differ in length"):
+        cpu_native.compact_present(torch.arange(3), torch.ones(2, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("dim", [1, 3, 16, 100])
@@ -173,6 +217,11 @@ def test_results_do_not_depend_on_the_thread_count(threads):
     keys = cpu_native.table_keys(ids, salt, counts)
     cpu_native.find_or_insert(slot_keys, slot_rows, keys[: n // 2], 0)
 
+    present = torch.rand(n) > 0.3
+    present[n // 3: n // 3 + 20_000] = False        # a thread's whole range absent
+    bag_offsets = torch.cat([torch.zeros(1, dtype=torch.int64),
+                             torch.randint(0, 2, (n,)).cumsum(0)])
+    bag_offsets[n // 2:] = bag_offsets[n // 2]      # empty bags up to the end
     results = {}
     for count in (1, 2, 3):
         threads(count)
@@ -186,10 +235,15 @@ def test_results_do_not_depend_on_the_thread_count(threads):
             cpu_native.find_or_insert(slot_keys, slot_rows, keys, n, insert=False)[0],
             cpu_native.pool_forward(weights, unique, unique_index, destination,
                                     id_weight, slots),
-            grads, table, state)
+            grads, table, state, *cpu_native.compact_present(ids, present),
+            cpu_native.bag_of_ids(bag_offsets, int(bag_offsets[-1])))
     for count in (2, 3):
         for one, many in zip(results[1], results[count]):
             assert torch.equal(one, many)
+    compacted, compacted_offsets, bags = results[1][-3:]
+    assert torch.equal(compacted, ids[present])
+    assert torch.equal(compacted_offsets[1:], present.long().cumsum(0))
+    assert torch.equal(bags, torch.arange(n).repeat_interleave(bag_offsets.diff()))
     # And the found rows are right: the first half was inserted, the rest is absent.
     found = results[1][2]
     assert bool((found[: n // 2] >= 0).all())

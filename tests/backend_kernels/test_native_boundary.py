@@ -26,6 +26,7 @@ from reckeras.backend_kernels import cpu_native, hash_table, sparse_optimizers
 from reckeras.backend_kernels.aggregation import aggregate_row_grads_reference
 from reckeras.backend_kernels.hashing import initial_rows_reference, mix64_reference
 from reckeras.backend_kernels.pooling import pooled_lookup_reference
+from reckeras.backend_kernels.ragged_layout import bag_of_ids_reference, compact_present_reference
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(),
                                 reason="no C compiler: native kernels unavailable")
@@ -372,6 +373,49 @@ def test_unique_rows(data):
     unique, unique_index = cpu_native.unique_rows(**args)
     assert unique.tolist() == list(dict.fromkeys(rows.tolist()))      # first appearance
     assert torch.equal(unique[unique_index], rows)
+
+
+# ---- compact_present and bag_of_ids ---------------------------------------------------
+
+@FUZZ
+@given(st.data())
+def test_compact_present(data):
+    draw = data.draw
+    n = draw(st.integers(0, 40))
+    values = int64_tensor(draw, int64s, n)
+    present = torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+                           dtype=torch.bool)
+    args = {"values": values, "present": present}
+    # A bool tensor's sum is int64: its dim less is `any` (0-dim bool).
+    present_breaks = [(how, error, present.any() if how == "with a dim less" else value)
+                      for how, error, value in tensor_breaks(
+                          present, [torch.int64, torch.uint8, torch.float32])]
+    assert_all_refused(cpu_native.compact_present, args, {
+        "values": tensor_breaks(values) + length_breaks(values),
+        "present": present_breaks + length_breaks(present)}, values, present)
+    ids, offsets = cpu_native.compact_present(**args)
+    expected_ids, expected_offsets = compact_present_reference(values, present)
+    assert torch.equal(ids, expected_ids) and torch.equal(offsets, expected_offsets)
+
+
+@FUZZ
+@given(st.data())
+def test_bag_of_ids(data):
+    draw = data.draw
+    lengths = draw(st.lists(st.integers(0, 4), max_size=20))
+    offsets = torch.tensor([0, *np.cumsum(lengths, dtype=np.int64)], dtype=torch.int64)
+    num_ids = sum(lengths)
+    offset_breaks = [("starting at 1", ValueError, offsets + 1),
+                     ("empty", ValueError, offsets[:0].clone())]
+    for value in (-1, INT64_MIN, INT64_MAX):       # decreasing somewhere, or past the end
+        broken = offsets.clone()
+        broken[draw(st.integers(1, len(lengths))) if lengths else 0] = value
+        offset_breaks.append((f"holding {value}", ValueError, broken))
+    args = {"offsets": offsets, "num_ids": num_ids}
+    assert_all_refused(cpu_native.bag_of_ids, args, {
+        "offsets": tensor_breaks(offsets) + offset_breaks,
+        "num_ids": count_breaks() + [("one more", ValueError, num_ids + 1)]}, offsets)
+    assert torch.equal(cpu_native.bag_of_ids(**args), bag_of_ids_reference(offsets, num_ids))
 
 
 # ---- apply_update --------------------------------------------------------------------

@@ -7,7 +7,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from reckeras.backend_kernels import (aggregation, cpu_native, dispatch, hash_table,
-                                      hashing, pooling, sparse_optimizers, transforms)
+                                      hashing, pooling, ragged_layout, sparse_optimizers,
+                                      transforms)
 
 so = sparse_optimizers
 
@@ -49,6 +50,8 @@ def samples():
         "pooled_lookup": (torch.randn(8, 3), unique, index, destination, weight, 3),
         "aggregate_row_grads": (torch.randn(3, 3), index, destination, weight, 3),
         "unique_rows": (torch.tensor([5, 2, 5, 7]), 8),
+        "compact_present": (torch.tensor([5, 2, 5, 7]), torch.tensor([True, False, False, True])),
+        "bag_of_ids": (torch.tensor([0, 2, 2, 3]), 3),
         "update": (so.ROWWISE_ADAGRAD, torch.randn(8, 3), torch.rand(8, 1), unique,
                    torch.randn(3, 3), *hyper),
         "aggregate_and_update": (so.ADAM, torch.randn(8, 3), torch.rand(8, 7), unique,
@@ -119,6 +122,8 @@ def test_fake_tensors_get_the_shapes_and_dtypes_of_the_outputs():
         new_keys, new_rows = hash_table.rehash(*fake["rehash"])
         crossed = transforms.cross(*fake["cross"])
         buckets = transforms.bucketize(*fake["bucketize"])
+        compacted, compacted_offsets = ragged_layout.compact_present(*fake["compact_present"])
+        bags = ragged_layout.bag_of_ids(*fake["bag_of_ids"])
     assert (pooled.shape, pooled.dtype) == ((3, 3), torch.float32)
     assert (grads.shape, grads.dtype) == ((3, 3), torch.float32)
     assert unique_index.shape == (4,) and not isinstance(unique.shape[0], int)  # data-dependent
@@ -127,6 +132,8 @@ def test_fake_tensors_get_the_shapes_and_dtypes_of_the_outputs():
     assert new_keys.shape == new_rows.shape == (64,)
     assert (crossed.shape, crossed.dtype) == ((2, 2), torch.int64)
     assert (buckets.shape, buckets.dtype) == ((2, 3), torch.int64)
+    assert compacted_offsets.shape == (5,) and not isinstance(compacted.shape[0], int)
+    assert (bags.shape, bags.dtype) == ((3,), torch.int64)
 
 
 def test_meta_tensors_run_the_fake_implementation():
