@@ -16,7 +16,7 @@ from reckeras.serving.server import create_app
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from test_http import Server  # noqa: E402
-from test_retrieval import USERS, exported  # noqa: E402, F401
+from test_retrieval_artifact import USERS, exported  # noqa: E402, F401
 
 pytest.importorskip("faiss")
 
