@@ -68,8 +68,8 @@ def train_rows(rows):
     return table.slice(0, rows)
 
 
-def run_reckeras(table, batch, warmup):
-    """Examples/s of `fit` over the rows after `warmup` batches."""
+def example_model():
+    """The example's two-tower, compiled, from seed 0."""
     keras.utils.set_random_seed(0)
     columns = rk.layers.FeatureColumns([
         rk.features.Categorical("user_id", dim=DIM),
@@ -79,6 +79,12 @@ def run_reckeras(table, batch, warmup):
                                 query_units=(DIM,), temperature=TEMPERATURE)
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    return model
+
+
+def run_reckeras(table, batch, warmup):
+    """Examples/s of `fit` over the rows after `warmup` batches."""
+    model = example_model()
     model.fit(table.slice(0, warmup * batch), batch_size=batch, epochs=1, verbose=0)
     timed = table.slice(warmup * batch)
     start = time.perf_counter()
@@ -177,15 +183,7 @@ def percentile_ms(call, calls):
 def synth_vectors(table, batch):
     """Query vectors of retrieval_synth's users and its items' embeddings,
     from a two-tower trained one epoch on `table` (the example's model)."""
-    keras.utils.set_random_seed(0)
-    columns = rk.layers.FeatureColumns([
-        rk.features.Categorical("user_id", dim=DIM),
-        rk.features.Categorical("user_segment", dim=DIM),
-        rk.features.Categorical("item_id", dim=DIM)])
-    model = rk.models.two_tower(columns, ["user_id", "user_segment"], ["item_id"],
-                                query_units=(DIM,), temperature=TEMPERATURE)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.05))
+    model = example_model()
     model.fit(table, batch_size=batch, epochs=1, verbose=0)
     items = rk.datasets.load("retrieval_synth", split="items").to_table()["item_id"]
     # A user's segment is the same on all of its rows.
