@@ -4,9 +4,10 @@ Every candidate is scored, `chunk_size` candidate rows at a time, and a
 running top K is kept per query, so memory is `O(B * (chunk_size + k))`
 whatever the corpus size. Ranking is exact and deterministic: scores are
 compared as float32, and equal scores go to the lower candidate position.
-Both are folded into one int64 key per (query, candidate), the score's
-order-preserving bits above the inverted position, so one `torch.topk` per
-chunk merges the chunk into the running top K, ties included.
+A chunk's best k come from a float `torch.topk`; only rows with a tie
+across their cut fold score and position into one int64 key (the score's
+order-preserving bits above the inverted position) to break it. The
+running top K is kept as such keys, so merging is one `torch.topk`.
 
 It imports nothing but torch, so that evaluation in training
 (`reckeras.retrieval`, which re-exports both functions) and the Keras-free
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-DEFAULT_CHUNK_SIZE = 65_536
+DEFAULT_CHUNK_SIZE = 16_384
 # Positions live in the low 32 bits of a key.
 _MAX_POSITIONS = 2**32
 _LOW_BITS = _MAX_POSITIONS - 1
@@ -152,20 +153,45 @@ def exact_top_k(queries: torch.Tensor, candidates: torch.Tensor, k: int,
         _excluded_locally(exclude.to(device), None if positions is None else global_positions,
                           count)
     best = torch.full((queries.shape[0], k), _EMPTY, dtype=torch.int64, device=device)
+    rows = torch.arange(queries.shape[0], device=device)
     for start in range(0, count, chunk_size):
         stop = min(start + chunk_size, count)
         scores = (queries @ candidates[start:stop].T).to(torch.float32)
-        keys = _keys(scores, global_positions[start:stop])
         if local_exclude is not None:
-            # Rows outside this chunk point at column 0 with the largest key,
-            # which `amin` ignores.
             column = local_exclude - start
             inside = (column >= 0) & (column < stop - start)
-            keys.scatter_reduce_(
-                1, torch.where(inside, column, 0),
-                torch.where(inside, _EMPTY, torch.iinfo(torch.int64).max), "amin")
+            scores[rows[:, None].expand_as(column)[inside], column[inside]] = float("-inf")
+        keys = _chunk_keys(scores, global_positions[start:stop], k)
         best = torch.topk(torch.cat([best, keys], dim=1), k, dim=1).values
     return _decoded(best)
+
+
+def _chunk_keys(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
+    """The keys of each row's best `k` scores of one chunk (-inf: excluded).
+
+    A float `topk` finds each row's best k + 1 scores; a row whose k-th and
+    (k+1)-th differ (no tie across the cut) takes its best k as they are.
+    Only a row with a tie at its cut has keys made for its whole chunk, so
+    that the tie goes to the lower position: elementwise int64 work over
+    every score is what made ranking slow.
+    """
+    width = min(k, scores.shape[1])
+    # One more than k shows a tie across the cut: the (k+1)-th equals the
+    # k-th (ties among excluded -inf scores do not matter: none is kept).
+    values, columns = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)
+    if values.shape[1] > width:
+        cut, after = values[:, width - 1], values[:, width]
+        tied = ((after == cut) & (cut != float("-inf"))).nonzero().squeeze(1)
+        values, columns = values[:, :width], columns[:, :width]
+    else:
+        tied = values.new_zeros(0, dtype=torch.int64)
+    keys = torch.where(values == float("-inf"), _EMPTY, _keys(values, positions[columns]))
+    if len(tied):
+        tied_scores = scores[tied]
+        exact = torch.where(tied_scores == float("-inf"), _EMPTY,
+                            _keys(tied_scores, positions))
+        keys[tied] = torch.topk(exact, width, dim=1).values
+    return keys
 
 
 def merge_top_k(parts: list[tuple[torch.Tensor, torch.Tensor]],

@@ -50,6 +50,20 @@ def test_equals_numpy_with_ties_exclusions_and_chunks(problem):
     np.testing.assert_array_equal(scores.numpy(), expected_scores)
 
 
+def test_distinct_float_scores_take_the_untied_path():
+    """Random floats rarely tie at a cut: the rows keep the float top k."""
+    rng = np.random.default_rng(3)
+    queries = rng.normal(size=(50, 8)).astype(np.float32)
+    candidates = rng.normal(size=(700, 8)).astype(np.float32)
+    candidates[100:120] = 0.0          # and 20 zero rows: a tie in every row
+    exclude = rng.integers(-1, 700, (50, 30))
+    scores, top = exact_top_k(torch.from_numpy(queries), torch.from_numpy(candidates), 25,
+                              exclude=torch.from_numpy(exclude), chunk_size=64)
+    expected_scores, expected = reference(queries, candidates, 25, exclude)
+    np.testing.assert_array_equal(top.numpy(), expected)
+    np.testing.assert_allclose(scores.numpy(), expected_scores, rtol=1e-5)
+
+
 @settings(max_examples=60, deadline=None)
 @given(problems(), st.integers(2, 4))
 def test_shards_with_global_positions_merge_to_the_whole(problem, shards):
