@@ -60,6 +60,15 @@ def _embedding_specs(columns, candidate_features, share_tables):
     return specs
 
 
+def _embedding_size(columns, features, units):
+    """A tower's output width: its last unit, or its side's feature width
+    (pooled embedding dims and numeric sizes) when it has no units."""
+    if units:
+        return units[-1]
+    return sum(spec.dim for spec in columns.sparse_specs if spec.name in features) + \
+        sum(spec.size for spec in columns.plan.numeric if spec.name in features)
+
+
 def _side_columns(columns, features):
     """`(sparse feature names, dense column index or None)` of one side's
     features (a numeric feature of shape `(k,)` spans `k` dense columns),
@@ -80,10 +89,11 @@ def _tower_output(tower, side, dense, embedded, training):
     if dense_index is not None:
         parts.append(dense.index_select(1, dense_index))
     features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    if tower is not None:
+        features = _keras_compat.call_built(tower, features, training=training)
     # torch's normalize clamps the norm: a zero output (every ReLU of a row
-    # off, a zero bias) has a finite gradient, where x / |x| has none.
-    return torch.nn.functional.normalize(
-        _keras_compat.call_built(tower, features, training=training), dim=-1)
+    # off, a zero bias, a zero row) has a finite gradient, where x / |x| has none.
+    return torch.nn.functional.normalize(features, dim=-1)
 
 
 @keras.saving.register_keras_serializable(package="reckeras")
@@ -132,13 +142,17 @@ class TwoTower(Model):
         query_features, candidate_features = list(query_features), list(candidate_features)
         self.candidate_id = _split_columns(columns, query_features, candidate_features,
                                            candidate_id)
-        self.query_units = check_units("two_tower", "query_units", query_units, False)
+        self.query_units = check_units("two_tower", "query_units", query_units)
         self.candidate_units = self.query_units if candidate_units is None else \
-            check_units("two_tower", "candidate_units", candidate_units, False)
-        if self.query_units[-1] != self.candidate_units[-1]:
-            raise ValueError(f"two_tower: the towers' last widths must match (the "
-                             f"embedding size), got {self.query_units[-1]} and "
-                             f"{self.candidate_units[-1]}")
+            check_units("two_tower", "candidate_units", candidate_units)
+        query_size = _embedding_size(columns, query_features, self.query_units)
+        candidate_size = _embedding_size(columns, candidate_features, self.candidate_units)
+        if query_size != candidate_size:
+            raise ValueError(f"two_tower: the towers' embedding sizes must match (the last "
+                             f"width of a tower, or the width of its side's features when "
+                             f"its units are empty), got {query_size} (query) and "
+                             f"{candidate_size} (candidate)")
+        self.embedding_size = query_size
         self.dropout, self.norm = check_tower_options("two_tower", dropout, norm)
         losses.check_loss_options("two_tower", loss, temperature, margin, negative_weight)
         candidate_inputs = [s.name for s in columns.specs if s.name in candidate_features]
@@ -162,10 +176,13 @@ class TwoTower(Model):
             _embedding_specs(columns, candidate_features, share_tables), output="dict",
             table_options=table_options,
             embeddings_regularizer=embedding_regularizer("two_tower", embedding_l2))
+        # Empty units: no tower, the side's embeddings are its embedding
+        # (matrix factorization when each side is one id).
         self.query_tower = MLP(self.query_units, dropout=self.dropout, norm=self.norm,
-                               name="query_tower")
+                               name="query_tower") if self.query_units else None
         self.candidate_tower = MLP(self.candidate_units, dropout=self.dropout,
-                                   norm=self.norm, name="candidate_tower")
+                                   norm=self.norm, name="candidate_tower") \
+            if self.candidate_units else None
         self.frequency = FrequencyEstimator(frequency_buckets, frequency_alpha) \
             if loss == "softmax" and logq_correction else None
         if self.frequency is not None:
@@ -328,7 +345,7 @@ class TwoTower(Model):
             chunks = [self._id_embeddings(ids[start:start + batch_size].to(device), False)
                       for start in range(0, max(len(ids), 1), batch_size)]
         return torch.cat(chunks).cpu().numpy() if len(ids) else \
-            np.zeros((0, self.query_units[-1]), np.float32)
+            np.zeros((0, self.embedding_size), np.float32)
 
     def export_serving(self, path: str | os.PathLike, rows: str | None = None,
                        min_count: int | None = None, base: str | os.PathLike | None = None,
@@ -421,7 +438,7 @@ class QueryTower(Model):
     Args:
         columns: the two-tower's `rk.layers.FeatureColumns`.
         embedding: its `ShardedEmbedding`.
-        tower: its query tower (`rk.layers.MLP`).
+        tower: its query tower (`rk.layers.MLP`), or None (no tower).
         query_features: names of the query side's features.
         **kwargs: base Model arguments (`name`).
 
@@ -433,7 +450,7 @@ class QueryTower(Model):
     ```
     """
 
-    def __init__(self, columns: FeatureColumns, embedding: ShardedEmbedding, tower: MLP,
+    def __init__(self, columns: FeatureColumns, embedding: ShardedEmbedding, tower: MLP | None,
                  query_features: list[str], **kwargs: Any):
         super().__init__(**kwargs)
         self.columns, self.embedding, self.tower = columns, embedding, tower
@@ -505,9 +522,13 @@ def two_tower(columns: FeatureColumns, query_features: _Sequence[str],
             `candidate_features`): accidental hits, the frequency estimate,
             sampled negatives and `candidate_embeddings` read it.
         query_units: widths of the query tower's layers (ReLU between, the
-            last linear): its last width is the embedding size.
+            last linear): its last width is the embedding size. Empty
+            (`()`): no tower, the query side's pooled embeddings and
+            numeric features, concatenated, are the embedding (with one id
+            a side, matrix factorization).
         candidate_units: widths of the candidate tower (default
-            `query_units`); the last must equal the query tower's.
+            `query_units`), or empty for none; the two sides' embedding
+            sizes must match.
         share_tables: features of both sides on one table name share its
             rows (e.g. a history of items and the candidate item); False
             gives the candidate side tables of its own (`<table>:candidate`).

@@ -107,6 +107,29 @@ def test_two_tower_saves_and_loads_with_its_estimate_and_tables(tmp_path):
         queries_model.predict(data, verbose=0))
 
 
+def test_no_tower_is_matrix_factorization(tmp_path):
+    """Empty units: a side's embedding is its normalized row, nothing on top."""
+    keras.utils.set_random_seed(0)
+    train, seen, relevant, _ = teacher()
+    model = compiled(rk.models.two_tower(
+        rk.layers.FeatureColumns([F.Categorical("user", dim=16),
+                                  F.Categorical("item", dim=16)]),
+        ["user"], ["item"], query_units=(), temperature=0.1))
+    model.fit(train.drop_columns(["age"]), batch_size=256, epochs=6, verbose=0)
+    assert model.query_tower is None and model.candidate_tower is None
+    assert not [w for w in model.trainable_weights if "kernel" in w.path]
+    users = pa.table({"user": np.arange(USERS), "item": pa.nulls(USERS, pa.int64())})
+    query = model.query_model().predict(users, verbose=0)
+    np.testing.assert_allclose(np.linalg.norm(query, axis=1), 1.0, rtol=1e-5)
+    recall = recall_at(10, query, model.candidate_embeddings(np.arange(ITEMS)), seen,
+                       relevant)
+    assert recall > 0.3, recall            # random picks: ~0.055
+    model.save(tmp_path / "mf.keras")
+    loaded = keras.models.load_model(tmp_path / "mf.keras")
+    assert loaded.embedding_size == 16 and loaded.query_tower is None
+    np.testing.assert_array_equal(loaded.query_model().predict(users, verbose=0), query)
+
+
 def test_candidate_embeddings_are_the_towers_of_the_ids_in_chunks():
     keras.utils.set_random_seed(2)
     train, _, _, _ = teacher()
@@ -166,9 +189,12 @@ def test_bad_options_are_refused_naming_the_model():
         rk.models.two_tower(columns(), ["user", "item"], ["item"])
     with pytest.raises(ValueError, match="candidate_id 'age' must be an id Categorical"):
         rk.models.two_tower(columns(), ["user"], ["item", "age"], candidate_id="age")
-    with pytest.raises(ValueError, match="last widths must match"):
+    with pytest.raises(ValueError, match="embedding sizes must match.*got 8 .query. and 4"):
         rk.models.two_tower(columns(), ["user"], ["item"], query_units=(8,),
                             candidate_units=(4,))
+    # No tower: the user's embedding and its age (16 + 1) against the item's 16.
+    with pytest.raises(ValueError, match="got 17 .query. and 16 .candidate."):
+        rk.models.two_tower(columns(), ["user", "age"], ["item"], query_units=())
     with pytest.raises(ValueError, match="two_tower: loss must be one of"):
         rk.models.two_tower(columns(), ["user"], ["item"], loss="hinge")
     with pytest.raises(ValueError, match="two_tower: dropout"):

@@ -114,6 +114,26 @@ def test_exact_retrieve_equals_a_numpy_brute_force(exported):
                                                      list(padded))[0])
 
 
+def test_a_model_without_towers_serves_its_rows(tmp_path):
+    """Matrix factorization (`query_units=()`): the export traces no tower."""
+    train, seen = data()
+    keras.utils.set_random_seed(0)
+    columns = rk.layers.FeatureColumns([F.Categorical("user", dim=8),
+                                        F.Categorical("item", dim=8)])
+    model = rk.models.two_tower(columns, ["user"], ["item"], query_units=())
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
+    model.fit(train.drop_columns(["segment"]), batch_size=128, epochs=1, verbose=0)
+    path = model.export_serving(str(tmp_path / "mf"), item_ids=np.arange(ITEMS))
+    users = {"user": np.arange(USERS)}
+    query = model.query_model().predict(
+        pa.table({**users, "item": pa.nulls(USERS, pa.int64())}), verbose=0)
+    corpus = model.candidate_embeddings(np.arange(ITEMS))
+    ids, _ = rk.serving.load(path).retrieve(users, k=10, exclude=[list(s) for s in seen])
+    np.testing.assert_array_equal(ids, brute_force(query, corpus, np.arange(ITEMS), 10,
+                                                   seen)[0])
+
+
 def test_ties_go_to_the_lower_corpus_position(exported, tmp_path):
     model, *_ = exported
     # Ids never trained share the zero row's embedding: equal scores.
