@@ -2,6 +2,8 @@
 and its reference, against numpy: the values and nulls a batch was built
 from. Run under the sanitizers by scripts/test_sanitized.sh."""
 
+import itertools
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -50,7 +52,7 @@ def as_batch(columns, offset, chunks):
     rows, cuts = table.num_rows, np.linspace(0, table.num_rows, chunks + 1).astype(int)
     if chunks > 1 and rows:
         table = pa.Table.from_batches([table.slice(a, b - a).to_batches()[0]
-                                       for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+                                       for a, b in itertools.pairwise(cuts)
                                        if b > a] or table.to_batches())
     return table
 
