@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the native kernels' tests (tests/backend_kernels/test_cpu_native.py and
-# the boundary fuzzers, test_native_boundary.py) against cpu_native.c built
-# with AddressSanitizer and UndefinedBehaviorSanitizer: RECKERAS_NATIVE_SANITIZE=1
+# Runs the native kernels' tests (tests/backend_kernels/test_cpu_native.py,
+# test_kernel_arrow_columns.py and the boundary fuzzers, test_native_boundary.py)
+# against cpu_native.c and arrow_columns.c built with AddressSanitizer and
+# UndefinedBehaviorSanitizer: RECKERAS_NATIVE_SANITIZE=1
 # makes reckeras/backend_kernels/cpu_native.py build that library (a cache file
 # of its own) and raise if it cannot. Python is not instrumented, so the ASan
 # runtime is preloaded; leak checking is off (CPython keeps objects alive at
@@ -31,4 +32,5 @@ print('sanitized native kernels:', name)"
 # --capture=sys: pytest's default capture of fd 2 would take a sanitizer's
 # report down with the process it aborts.
 .venv/bin/python -m pytest -p no:cacheprovider -q --capture=sys \
-  tests/backend_kernels/test_cpu_native.py tests/backend_kernels/test_native_boundary.py "$@"
+  tests/backend_kernels/test_cpu_native.py tests/backend_kernels/test_native_boundary.py \
+  tests/backend_kernels/test_kernel_arrow_columns.py "$@"

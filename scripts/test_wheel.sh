@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds reckeras's wheel as `pip wheel .` does for a regular install and
 # checks that, installed from it (not editable), reckeras compiles and runs
-# its native CPU kernels: the wheel must carry cpu_native.c. The wheel goes
+# its native CPU kernels: the wheel must carry their C sources. The wheel goes
 # into a temporary folder put first on PYTHONPATH, so .venv's dependencies
 # serve it and the repository's own files are not on the path.
 # Prints the examples/s of a short fit from the wheel install.
@@ -32,7 +32,8 @@ with warnings.catch_warnings():
     from reckeras.backend_kernels import cpu_native, native_build
 
     assert site in pathlib.Path(rk.__file__).parents, f"reckeras imported from {rk.__file__}"
-    assert native_build.SOURCE.is_file(), f"the wheel lacks {native_build.SOURCE}"
+    for source in native_build.SOURCES:
+        assert source.is_file(), f"the wheel lacks {source}"
     assert cpu_native.available(), "the native kernels did not load from the wheel install"
 built = list(pathlib.Path("cache").rglob("*.so"))
 assert built, "no native library was compiled into RECKERAS_CACHE_DIR"

@@ -67,6 +67,7 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
     "rk_unique_rows": (_I64, [_PTR, _I64, _I64, _PTR, _PTR, _PTR]),
     "rk_compact_present": (_I64, [_PTR, _PTR, _I64, _PTR, _PTR, _INT]),
     "rk_bag_of_ids": (_INT, [_PTR, _I64, _I64, _PTR, _INT]),
+    "rk_arrow_block": (_I64, [_PTR, _PTR, _PTR, _I64, _INT, _PTR, _PTR, _PTR, _PTR, _INT]),
     "rk_apply_update": (_INT, [_INT, _PTR, _INT, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64,
                                ctypes.c_float, ctypes.c_float, ctypes.c_uint32, _INT]),
 }
@@ -362,7 +363,6 @@ def find_or_insert(slot_keys: torch.Tensor, slot_rows: torch.Tensor,
                          f"no free slot for a new key (size it with "
                          f"hash_table.capacity_for)")
     return rows, count
-
 
 
 def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,

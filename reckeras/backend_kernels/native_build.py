@@ -1,4 +1,5 @@
-"""The build of the native CPU kernels: `cpu_native.c` -> a shared library.
+"""The build of the native CPU kernels: `cpu_native.c` and `arrow_columns.c` ->
+one shared library.
 
 The one place that compiles C. `cpu_native.library()` calls `build` on its
 first use; the library is compiled with the system C compiler (`$CC`, else
@@ -28,7 +29,9 @@ from pathlib import Path
 
 from reckeras import config
 
-SOURCE = Path(__file__).with_name("cpu_native.c")
+# The C sources, compiled together: the sparse kernels, and the Arrow columns'
+# conversion (`arrow_columns`).
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_native.c", "arrow_columns.c"))
 _FLAGS = ["-fPIC", "-shared", "-std=gnu99"]
 _OPTIMIZED = ["-O3"]
 # -O1 keeps the reports' stack traces readable; -fno-sanitize-recover makes
@@ -117,12 +120,13 @@ class _CompileError(BuildError):
 
 def _build(flags: list[str]) -> Path:
     """The library for `flags`, compiled once into the cache directory."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    source = b"".join(path.read_bytes() for path in SOURCES)
+    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     kind = "-sanitized" if "-fsanitize=address,undefined" in flags else ""
     target = config.options().cache_dir / f"cpu_native{kind}-{digest}-{sys.platform}.so"
     if target.exists():
         return target
-    command = [compiler(), *flags, str(SOURCE), "-o", "<target>", "-lm"]
+    command = [compiler(), *flags, *map(str, SOURCES), "-o", "<target>", "-lm"]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from reckeras.backend_kernels.arrow_columns import ID_TYPES, NUMBER_TYPES, read_block
 from reckeras.backend_kernels.hashing import hash_strings
 from reckeras.features.specs import LENGTHS, Categorical, Numeric, Sequence, with_lengths
 
@@ -327,21 +328,22 @@ def encode(specs: _Sequence[Any],
     inputs: dict[str, np.ndarray] = {}
     one_by_one = layout.one_by_one
     lengths: dict[str, np.ndarray] = {}    # the lengths that are not all 1
-    present_blocks = []                    # (LENGTHS columns, present) of id blocks
+    carried = layout.carried
+    # Written only where a value is missing (else the shared all-ones one serves).
+    lengths_matrix = np.empty((table.num_rows, len(carried)), np.int32, order="F") \
+        if carried else None
+    written = []                           # the LENGTHS columns id blocks wrote
     for block in layout.blocks:
-        selected = table.select(block.positions)
-        if any(column.null_count for column in selected.columns):
-            matrix, present, with_nulls = _matrix_with_nulls(selected, block)
-        else:
-            matrix, with_nulls = np.asarray(selected.to_tensor(row_major=False)), []
-        if block.checked and np.isinf(matrix).any():
-            column = int(np.isinf(matrix).any(axis=0).argmax())
-            raise FeatureInputError(f"feature {block.names[column]!r}: column holds "
-                                    f"+-inf")
+        ids = block.lengths_columns is not None
+        read = read_block(table, block.positions, not ids,
+                          lengths_matrix if ids else None, block.lengths_columns)
+        if read.first_infinite >= 0:
+            raise FeatureInputError(f"feature {block.names[read.first_infinite]!r}: "
+                                    f"column holds +-inf")
         # The rows of the transposed view are the matrix's columns (views of it).
-        inputs.update(zip(block.names, matrix.T, strict=True))
-        if not block.checked and with_nulls:     # ids: a null is a missing id
-            present_blocks.append((block.lengths_columns, present))
+        inputs.update(zip(block.names, read.matrix.T, strict=True))
+        if ids and read.with_nulls:          # ids: a null is a missing id
+            written.append(block.lengths_columns)
     positions = layout.positions
     for spec in one_by_one:            # host side, once per column and batch
         if spec.name in inputs:
@@ -363,18 +365,18 @@ def encode(specs: _Sequence[Any],
                 spec, column, weights)
             if spec.weights is not None and row_weights is not None:
                 inputs[spec.weights] = row_weights
-    carried = layout.carried
-    if carried and not lengths and not present_blocks:
+    if carried and not lengths and not written:
         inputs[LENGTHS] = _all_present(table.num_rows, len(carried))
-    elif carried:
-        # Column-major: the plan reads it feature by feature. A block's
-        # columns are copied at once (one by one: ~0.6 ms at 300 features).
-        matrix = np.ones((table.num_rows, len(carried)), dtype=np.int32, order="F")
-        for columns, present in present_blocks:
-            matrix[:, columns] = present
+    elif lengths_matrix is not None:
+        # Column-major: the plan reads it feature by feature.
+        filled = np.zeros(len(carried), bool)
+        for columns in written:
+            filled[columns] = True
         for name, valid in lengths.items():
-            matrix[:, layout.lengths_column[name]] = valid
-        inputs[LENGTHS] = matrix
+            column = layout.lengths_column[name]
+            lengths_matrix[:, column], filled[column] = valid, True
+        lengths_matrix[:, ~filled] = 1
+        inputs[LENGTHS] = lengths_matrix
     return inputs
 
 
@@ -383,44 +385,11 @@ _READ = (Numeric, Categorical, Sequence)
 
 
 class _Block(NamedTuple):
-    """Columns `encode` converts in one pyarrow call (one matrix)."""
-    positions: list[int]     # the columns in the schema
+    """Columns `encode` reads in one pass (`arrow_columns.read_block`)."""
+    positions: np.ndarray    # int64: the columns in the schema
     names: tuple[str, ...]   # their features
-    checked: bool            # floats: +-inf is an error
-    # ids: their LENGTHS columns (a slice where consecutive), filled in one copy
-    lengths_columns: slice | list[int] | None
-
-
-def _matrix_with_nulls(selected: pa.Table, block: _Block
-                       ) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """A block with nulls as one column-major matrix, its nulls filled as
-    `_numbers` and `_ids` fill them (NaN for floats, id 0), with where the
-    values are present: `(matrix, present, columns)`, `present` a
-    column-major `[rows, k]` bool and `columns` those holding a null.
-
-    Each column's values buffer is copied in place: a column-by-column
-    conversion with pyarrow cost ~6.8 ms on a 2048-row batch of 300 id
-    columns with Criteo's nulls, this ~1 ms.
-    """
-    rows, width = selected.num_rows, selected.num_columns
-    dtype = np.float32 if block.checked else np.int64
-    matrix = np.empty((rows, width), dtype=dtype, order="F")
-    present = np.ones((rows, width), dtype=bool, order="F")
-    with_nulls = []
-    for j, column in enumerate(selected.columns):
-        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-        validity, values = array.buffers()
-        start = array.offset
-        matrix[:, j] = np.frombuffer(values, dtype=dtype, count=start + rows)[start:]
-        if array.null_count:
-            with_nulls.append(j)
-            present[:, j] = np.unpackbits(np.frombuffer(validity, dtype=np.uint8),
-                                          count=start + rows, bitorder="little")[start:]
-    if block.checked:
-        np.copyto(matrix, np.float32(np.nan), where=~present)
-    else:
-        np.multiply(matrix, present, out=matrix)     # id 0 where missing (putmask: 5x slower)
-    return matrix, present, with_nulls
+    # ids: int64, their LENGTHS columns; None for numbers
+    lengths_columns: np.ndarray | None
 
 
 class _Layout(NamedTuple):
@@ -444,14 +413,15 @@ def _layout_of(specs: _Sequence[Any], schema: pa.Schema) -> _Layout:
     batch then costs no Python work per block-wise feature: planning it
     again for every batch was a third of a 300-feature batch's encoding).
 
-    int64 columns of int64 Categoricals and float32 columns of scalar
-    Numerics (two or more of a kind) are each converted in one pyarrow call
-    (a column-major matrix whose columns are the features' arrays), the
-    floats checked in one numpy pass; on a batch of hundreds of one-hot
-    features that is ~10x faster than column by column. A block with a null
-    in a batch goes column by column (its null policy); a bad value is
-    reported naming its feature. Specs are matched by identity, schemas by
-    equality (`Schema.equals` compares fingerprints: ~1 us).
+    The int64 or int32 columns of int64 Categoricals and the numeric
+    columns (float32, float64, int64, int32) of scalar Numerics, two or
+    more of a kind, are each read in one pass (`arrow_columns.read_block`:
+    a column-major matrix whose columns are the features' arrays, nulls
+    filled as `_ids` and `_numbers` fill them, the ids' presence written
+    into `LENGTHS`, the numbers checked for +-inf); on a batch of hundreds
+    of one-hot features that is ~10x faster than column by column. A bad
+    value is reported naming its feature. Specs are matched by identity,
+    schemas by equality (`Schema.equals` compares fingerprints: ~1 us).
     """
     identity = tuple(map(id, specs))
     for layout in tuple(_LAYOUTS):
@@ -466,27 +436,24 @@ def _layout_of(specs: _Sequence[Any], schema: pa.Schema) -> _Layout:
         position = positions.get(spec.name)
         if position is not None and isinstance(spec, Categorical) and \
                 spec.boundaries is None and spec.dtype != "string" and \
-                types[position] == pa.int64():
+                types[position] in ID_TYPES:
             ids.append(spec)
         elif position is not None and isinstance(spec, Numeric) and not spec.shape \
-                and types[position] == pa.float32():
+                and types[position] in NUMBER_TYPES:
             floats.append(spec)
         else:
             one_by_one.append(spec)    # a missing column is reported there
     carried = with_lengths(specs)
     lengths_column = {spec.name: j for j, spec in enumerate(carried)}
     blocks = []
-    for block, checked in ((ids, False), (floats, True)):
+    for block, numbers in ((ids, False), (floats, True)):
         if len(block) < 2:
             one_by_one += block
             continue
-        columns: slice | list[int] | None = None
-        if not checked:                # ids: their LENGTHS columns
-            columns = [lengths_column[s.name] for s in block]
-            if columns == list(range(columns[0], columns[0] + len(columns))):
-                columns = slice(columns[0], columns[0] + len(columns))
-        blocks.append(_Block([positions[s.name] for s in block],
-                             tuple(s.name for s in block), checked, columns))
+        columns = None if numbers else \
+            np.array([lengths_column[s.name] for s in block], np.int64)
+        blocks.append(_Block(np.array([positions[s.name] for s in block], np.int64),
+                             tuple(s.name for s in block), columns))
     order = {id(spec): i for i, spec in enumerate(specs)}
     one_by_one.sort(key=lambda spec: order[id(spec)])
     layout = _Layout(tuple(specs), identity, schema, positions, blocks, one_by_one,

@@ -116,16 +116,19 @@ def test_large_integer_counts_become_float32():
     assert np.isnan(out["n"][2])
 
 
-def _wide_table(rng, rows, num_ids, num_floats, chunks, nulls):
+def _wide_table(rng, rows, num_ids, num_floats, chunks, nulls, id_type=pa.int64(),
+                number_type=pa.float32()):
     columns = {}
     for j in range(num_ids):
-        values = rng.integers(0, 50, rows)
+        values = rng.integers(-50, 50, rows)
         mask = (rng.random(rows) < 0.3) if nulls else None
-        columns[f"c{j}"] = pa.array(values, pa.int64(), mask=mask)
+        columns[f"c{j}"] = pa.array(values, id_type, mask=mask)
     for j in range(num_floats):
         mask = (rng.random(rows) < 0.3) if nulls else None
         # Under a null the buffer keeps its value: encoding must not read it.
-        columns[f"f{j}"] = pa.array(rng.normal(size=rows).astype(np.float32), mask=mask)
+        values = rng.normal(size=rows) * 100
+        columns[f"f{j}"] = pa.array(values if pa.types.is_floating(number_type)
+                                    else values.astype(np.int64), number_type, mask=mask)
     table = pa.table(columns)
     if chunks > 1:          # the same rows in several record batches
         bounds = np.linspace(0, rows, chunks + 1).astype(int)
@@ -138,14 +141,16 @@ def _wide_table(rng, rows, num_ids, num_floats, chunks, nulls):
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 40), num_ids=st.integers(0, 6), num_floats=st.integers(0, 4),
        chunks=st.integers(1, 3), nulls=st.booleans(), start=st.integers(0, 11),
-       seed=st.integers(0, 2**16))
+       seed=st.integers(0, 2**16), id_type=st.sampled_from([pa.int64(), pa.int32()]),
+       number_type=st.sampled_from([pa.float32(), pa.float64(), pa.int64(), pa.int32()]))
 def test_block_encoding_equals_one_feature_at_a_time(rows, num_ids, num_floats, chunks,
-                                                     nulls, start, seed):
-    # Many int64 Categoricals / float32 Numerics are encoded as blocks (with
+                                                     nulls, start, seed, id_type,
+                                                     number_type):
+    # Many int Categoricals / numeric Numerics are encoded as blocks (with
     # nulls too: their buffers are read in place, from the slice's offset);
     # one feature alone goes column by column: both must give the same arrays.
     table = _wide_table(np.random.default_rng(seed), rows + start, num_ids, num_floats,
-                        chunks, nulls).slice(start)
+                        chunks, nulls, id_type, number_type).slice(start)
     specs = [rk.features.Categorical(f"c{j}", dim=4) for j in range(num_ids)] \
         + [rk.features.Numeric(f"f{j}") for j in range(num_floats)]
     if not specs:
@@ -167,6 +172,19 @@ def test_block_encoding_equals_one_feature_at_a_time(rows, num_ids, num_floats, 
         np.testing.assert_array_equal(
             together[f"f{j}"], np.array([np.nan if v is None else v for v in values],
                                         np.float32))
+
+
+def test_lengths_of_a_null_free_block_beside_a_feature_with_nulls():
+    # The block writes no LENGTHS without a null; a string Categorical read
+    # alone has one: the block's columns must then be 1, the null's 0.
+    table = pa.table({"c0": [1, 2, 3], "c1": [4, 5, 6],
+                      "s": pa.array(["a", None, "b"]), "c2": [7, 8, 9]})
+    specs = [rk.features.Categorical("c0", dim=4), rk.features.Categorical("c1", dim=4),
+             rk.features.Categorical("s", dim=4, dtype="string"),
+             rk.features.Categorical("c2", dim=4)]
+    out = encode(specs, table)
+    assert out[LENGTHS].tolist() == [[1, 1, 1, 1], [1, 1, 0, 1], [1, 1, 1, 1]]
+    assert out["c2"].tolist() == [7, 8, 9]
 
 
 def test_block_errors_name_the_feature():
