@@ -88,7 +88,7 @@ def test_kill_during_save_leaves_last_checkpoint_loadable(tmp_path):
     save(ckpt, 1.0, env)
     assert loaded_value(ckpt) == 1.0
     outcomes = set()
-    for delay in (0.05, 0.2, 0.4, 0.8):
+    for delay in (0.05, 0.3):  # early in the save, and later (it may have finished)
         process = subprocess.Popen([sys.executable, "-c", KILL_WORKER, ckpt, str(2 + delay)],
                                    stdout=subprocess.PIPE, env=env, text=True)
         assert process.stdout.readline().strip() == "ready"
