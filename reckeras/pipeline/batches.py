@@ -1,9 +1,10 @@
 """Batches for fit/evaluate/predict: raw data -> encoded torch tensors.
 
 Accepted data: a reckeras dataset (anything with `batches` and
-`num_batches`), a pyarrow Table, or a dict of array-likes, with the labels
-in `y` (an array, or a dict of arrays for a model with several outputs) or in
-label columns, and per-example loss weights given as an array or as the name
+`num_batches`), a pyarrow Table, a dict of array-likes, or a Keras
+`PyDataset` or torch `DataLoader` of ready batches (`batch_sources`), with
+the labels in `y` (an array, or a dict of arrays for a model with several
+outputs) or in label columns, and per-example loss weights given as an array or as the name
 of a column. Every batch is encoded and validated by the
 model's FeatureColumns before it reaches the model.
 """
@@ -127,7 +128,9 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
     `num_batches` and `label` (its label column, `{output: column}`, or None).
 
     Args:
-        x: a reckeras dataset, a pyarrow Table or a dict of array-likes.
+        x: a reckeras dataset, a pyarrow Table, a dict of array-likes, or a
+            `keras.utils.PyDataset` or torch `DataLoader` of batches
+            (`batch_sources.SourceBatches`).
         y: labels for in-memory `x` without a `label` column: an array of
             one value (or one row of values) per example, or a dict
             `{output name: array}` for a model with several outputs.
@@ -139,6 +142,15 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
         `(data, weight column name or None)`.
     """
     weight_column = sample_weight if isinstance(sample_weight, str) else None
+    # Imported here: batch_sources builds on this module's label columns.
+    from reckeras.pipeline.batch_sources import SourceBatches, is_batch_source
+    if is_batch_source(x):
+        if y is not None or sample_weight is not None:
+            raise ValueError(f"y and sample_weight must be None when x is a "
+                             f"{type(x).__name__}: its batches carry them, as "
+                             f"(x, y) or (x, y, sample_weight)")
+        source = SourceBatches(x)
+        return source, source.weight
     if hasattr(x, "batches") and hasattr(x, "num_batches"):
         if y is not None:
             raise ValueError("y must be None when x is a dataset (labels are a column)")
@@ -148,19 +160,20 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
         return x, weight_column
     if not isinstance(x, (dict, pa.Table, pa.RecordBatch)):
         raise TypeError(f"x must be a reckeras dataset (rk.datasets.load, from_parquet, "
-                        f"...), a pyarrow Table or a dict of arrays, got "
-                        f"{type(x).__name__}; generators, tf.data datasets and torch "
-                        f"DataLoaders are not read: wrap the data in a Table or a "
-                        f"dict, or write it to parquet")
+                        f"...), a pyarrow Table, a dict of arrays, a "
+                        f"keras.utils.PyDataset or a torch DataLoader, got "
+                        f"{type(x).__name__}; generators and tf.data datasets are not "
+                        f"read (a generator can be read only once): wrap the batches "
+                        f"in a keras.utils.PyDataset, or write them to parquet")
     table = as_table(x)
     label_columns: str | dict[str, str] | None = label
     if isinstance(y, dict):
         label_columns = {output: f"{LABEL_COLUMN}{output}" for output in y}
         for output, values in y.items():
             table = table.append_column(label_columns[output],
-                                        _label_column(values, table, output))
+                                        label_column(values, table, output))
     elif y is not None:
-        table = table.append_column(LABEL_COLUMN, _label_column(y, table, "y"))
+        table = table.append_column(LABEL_COLUMN, label_column(y, table, "y"))
         label_columns = LABEL_COLUMN
     if sample_weight is not None and weight_column is None:
         weights = np.asarray(sample_weight, dtype=np.float32)
@@ -174,8 +187,18 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
     return InMemoryData(table, label_columns), weight_column
 
 
-def _label_column(values, table, name):
-    """One label column: a value (or a fixed-size row of values) per example."""
+def label_column(values: Any, table: pa.Table, name: str) -> pa.Array:
+    """One label column: a value (or a fixed-size row of values) per example.
+
+    Args:
+        values: the labels, one entry (a number or a row of numbers) per row
+            of `table`.
+        table: the batch the labels go with.
+        name: the labels' name in messages (`"y"` or an output's name).
+
+    Returns:
+        A float32 column, or a fixed-size list column for rows of values.
+    """
     values = np.asarray(values, dtype=np.float32)
     if values.shape[:1] != (table.num_rows,):
         raise ValueError(f"labels {name!r} must hold one entry per example: "

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from reckeras import _allocator, _keras_compat, distributed
 from reckeras.pipeline import guard, steps
 from reckeras.pipeline import stream as streams
+from reckeras.pipeline.batch_sources import end_epoch
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
 from reckeras.pipeline.functional import fed_layers
 from reckeras.pipeline.resume import ResumePosition
@@ -287,6 +288,9 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
                          "time (Keras's rule): fold the class weights into "
                          "sample_weight instead")
     data, weight = as_data(x, y, sample_weight)
+    if class_weight is not None and weight is not None:
+        raise ValueError("You cannot use class_weight and sample_weight at the same "
+                         "time (Keras's rule): the batches carry sample weights")
     if validation_split:
         if not 0 < validation_split < 1:
             raise ValueError(f"validation_split must be in (0, 1), "
@@ -321,6 +325,7 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
         _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets, shuffle,
                    seed, pipeline, prefetch_depth, callback_list, verbose,
                    skip=skip if epoch == initial_epoch else 0)
+        end_epoch(data)
         epoch_logs = synced_metrics_result(model)
         model.eval()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
@@ -424,6 +429,7 @@ def evaluate(model: keras.Model, x: Any, y: Any, batch_size: int | None,
             logs = model.test_step(batch.data)
             batch_end(step, logs)
     logs = synced_metrics_result(model)
+    end_epoch(data)
     callback_list.on_test_end(logs)
     return returned_logs(model, logs, return_dict)
 
@@ -464,6 +470,7 @@ def predict(model: keras.Model, x: Any, batch_size: int | None, verbose: int | s
                 keras.ops.convert_to_numpy, model.predict_step(batch.data))
             outputs.append(batch_outputs)
             batch_end(step, {"outputs": batch_outputs})
+    end_epoch(data)
     callback_list.on_predict_end()
     if not outputs:
         raise ValueError("predict() received no data")

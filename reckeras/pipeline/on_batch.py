@@ -19,6 +19,7 @@ import torch
 
 from reckeras import _keras_compat
 from reckeras.pipeline import loops
+from reckeras.pipeline.batch_sources import is_batch_source
 from reckeras.pipeline.batches import Targets, as_data, check_class_weight
 from reckeras.pipeline.targets import model_targets
 
@@ -84,12 +85,12 @@ class OnBatchMethods(_keras_compat.ModelMixin):
 
     def _one_batch(self, x, y, sample_weight, class_weight, method, training):
         """The stream of the one batch `x` (`method` names the caller)."""
-        if hasattr(x, "batches") and hasattr(x, "num_batches"):
+        if (hasattr(x, "batches") and hasattr(x, "num_batches")) or is_batch_source(x):
             loop = method.split("_on_batch")[0].replace("train", "fit").replace("test",
                                                                                  "evaluate")
             raise TypeError(f"{method}() takes one batch: a dict of arrays or a pyarrow "
-                            f"Table, got a dataset ({type(x).__name__}); use {loop}() "
-                            f"for a dataset")
+                            f"Table, got {type(x).__name__}, a source of batches; use "
+                            f"{loop}() for it")
         data, weight = as_data(x, y, sample_weight)
         batch = OneBatch(data)
         targets = Targets() if method == "predict_on_batch" else \

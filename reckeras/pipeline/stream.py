@@ -244,7 +244,13 @@ def agreed_steps(data: Any, batch_size: int, limit: int | None = None) -> int:
     """
     world = distributed.world()
     steps = data.num_batches(batch_size, shard_index=world.rank, num_shards=world.size)
-    if limit is not None:
+    if steps is None:                 # a source of batches without an end or a length
+        if limit is None:
+            raise ValueError(f"the {getattr(data, 'kind', 'data')} has no length: pass "
+                             f"steps_per_epoch to fit (validation_steps for its "
+                             f"validation_data), or steps to evaluate and predict")
+        steps = limit
+    elif limit is not None:
         steps = min(steps, limit)
     if world.size > 1:
         count = torch.tensor(steps)
