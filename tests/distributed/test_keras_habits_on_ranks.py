@@ -1,5 +1,6 @@
-"""Keras habits under torchrun: a subclassed rk.Model, and frozen tables
-with the sparse-dist stage on, give on 2 ranks at batch b what 1 rank gives
+"""Keras habits under torchrun: a subclassed rk.Model, frozen tables with
+the sparse-dist stage on, and a PyDataset per rank (its slice of each global
+batch), give on 2 ranks at batch b what 1 rank gives
 at batch 2b on the same examples (DESIGN invariant 2)."""
 
 import numpy as np
@@ -13,7 +14,7 @@ def load(path):
         return dict(f)
 
 
-@pytest.mark.parametrize("habit", ["subclassed", "frozen"])
+@pytest.mark.parametrize("habit", ["subclassed", "frozen", "py_dataset"])
 def test_two_ranks_equal_one(tmp_path, habit):
     results = []
     for nproc in (1, 2):

@@ -1,8 +1,10 @@
 """Trains with a Keras habit on any number of ranks; rank 0 saves weights,
 tables and metrics (`common.save_all`). argv: out path, habit:
 `subclassed` (a subclassed rk.Model, as common.model() but written with
-call()), or `frozen` (common.model(), its tables frozen for a second epoch,
-the sparse-dist stage on)."""
+call()), `frozen` (common.model(), its tables frozen for a second epoch,
+the sparse-dist stage on), or `py_dataset` (common.model() fit on a
+keras.utils.PyDataset per rank, giving the rank its slice of each global
+batch as Keras users shard their own sources)."""
 
 import sys
 
@@ -28,6 +30,22 @@ class Ranker(rk.Model):
         return self.top(self.interaction([self.bottom(dense), self.embedding(sparse)]))
 
 
+class RankSlices(keras.utils.PyDataset):
+    """This rank's slice of each global batch of `table`: `(x, y)`."""
+
+    def __init__(self, table, rank, size):
+        super().__init__()
+        self.table, self.rank, self.size = table, rank, size
+
+    def __len__(self):
+        return self.table.num_rows // common.GLOBAL_BATCH
+
+    def __getitem__(self, index):
+        local = common.GLOBAL_BATCH // self.size
+        rows = self.table.slice(index * common.GLOBAL_BATCH + self.rank * local, local)
+        return rows.drop_columns(["label"]), rows.column("label").to_numpy()
+
+
 def compile_(model):
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
@@ -43,6 +61,10 @@ if habit == "subclassed":
     compile_(model)
     model.fit(common.data(), batch_size=batch_size, epochs=2, shuffle=True, seed=3,
               verbose=0)
+elif habit == "py_dataset":
+    model = common.model()
+    model.fit(RankSlices(common.data(), world.rank, world.size), epochs=2, shuffle=False,
+              verbose=0, pipeline=True)
 else:
     model = common.model()
     model.fit(common.data(), batch_size=batch_size, shuffle=True, seed=3, verbose=0,
