@@ -189,6 +189,32 @@ def synced_metrics_result(model: keras.Model) -> dict[str, float]:
             for name, value in model.get_metrics_result().items()}
 
 
+def metrics_or_step_logs(model: keras.Model, step_logs: Any) -> dict:
+    """An epoch's logs by Keras's rule: the metrics' results over every
+    rank's examples, unless the last step returned logs of other names (an
+    overridden `train_step` or `test_step`), which are then the epoch's.
+
+    Under torchrun every rank must call it (it reduces the metrics).
+
+    Args:
+        model: the `rk.Model`.
+        step_logs: what the epoch's last step returned (None: no step).
+
+    Returns:
+        `{name: value}`, scalars as Python floats.
+    """
+    metrics = synced_metrics_result(model)
+    if not isinstance(step_logs, dict) or set(step_logs) == set(metrics):
+        return metrics
+    return {name: _plain(value) for name, value in step_logs.items()}
+
+
+def _plain(value: Any) -> Any:
+    """A logged value as Keras's callbacks see it: a float for a scalar."""
+    array = keras.ops.convert_to_numpy(value)
+    return float(array) if np.ndim(array) == 0 else array
+
+
 def returned_logs(model: keras.Model, logs: dict, return_dict: bool) -> Any:
     """What `evaluate` and the `*_on_batch` methods return, as Keras does.
 
@@ -322,11 +348,11 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
         model.train()
-        _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets, shuffle,
-                   seed, pipeline, prefetch_depth, callback_list, verbose,
-                   skip=skip if epoch == initial_epoch else 0)
+        step_logs = _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets,
+                               shuffle, seed, pipeline, prefetch_depth, callback_list,
+                               verbose, skip=skip if epoch == initial_epoch else 0)
         end_epoch(data)
-        epoch_logs = synced_metrics_result(model)
+        epoch_logs = metrics_or_step_logs(model, step_logs)
         model.eval()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             val_x, val_y, val_weight = keras.utils.unpack_x_y_sample_weight(
@@ -350,11 +376,13 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
 
 def _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets, shuffle, seed,
                pipeline, prefetch_depth, callback_list, verbose, skip=0):
-    """One epoch of `fit`; its first `skip` batches are left out (`resume_at`)."""
+    """One epoch of `fit`; its first `skip` batches are left out (`resume_at`).
+    Returns the last step's logs (None when no step ran)."""
     batch_end = _batch_end_hook(callback_list, "train")
     bar = tqdm(total=steps, initial=skip, desc=f"Epoch {epoch + 1}/{epochs}",
                unit="step", disable=verbose != 1, leave=True)
     examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
+    logs = None
     stream = epoch_stream(model, data, batch_size, steps, targets, True, shuffle,
                           seed + epoch, pipeline, prefetch_depth, skip=skip)
     with stream as batches:
@@ -384,6 +412,7 @@ def _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets, shuffle, 
     caches = {name: tables for name, tables in caches.items() if tables}
     if caches:                  # cumulative since the caches were configured
         model.pipeline_stats["embedding_cache"] = caches
+    return logs
 
 
 def evaluate(model: keras.Model, x: Any, y: Any, batch_size: int | None,
@@ -422,13 +451,14 @@ def evaluate(model: keras.Model, x: Any, y: Any, batch_size: int | None,
     callback_list.on_test_begin()
     stream = epoch_stream(model, data, batch_size, total, targets, False,
                           pipeline=pipeline, prefetch_depth=prefetch_depth)
+    logs = None
     with torch.no_grad(), stream as batches:
         for step, batch in enumerate(tqdm(batches, total=total, desc="Evaluate",
                                           unit="step", disable=verbose != 1)):
             callback_list.on_test_batch_begin(step)
             logs = model.test_step(batch.data)
             batch_end(step, logs)
-    logs = synced_metrics_result(model)
+    logs = metrics_or_step_logs(model, logs)
     end_epoch(data)
     callback_list.on_test_end(logs)
     return returned_logs(model, logs, return_dict)

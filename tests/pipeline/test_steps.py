@@ -75,3 +75,28 @@ def test_fit_packs_once_per_batch_and_keeps_no_batch_on_the_model(monkeypatch):
     model.fit(train, batch_size=128, epochs=1, verbose=0, pipeline=False)
     assert len(packs) == 4                    # by the pipeline, not again in the step
     assert seen == [[]] * 8
+
+
+def test_a_step_that_returns_other_logs_gives_them_as_keras_does():
+    # Keras's rule: the epoch's logs are the metrics' results, unless the
+    # last step returned other names; then they are that step's logs.
+    class Logging(Ranker):
+        def train_step(self, data):
+            logs = super().train_step(data)
+            self.steps_taken = getattr(self, "steps_taken", 0) + 1
+            return {**logs, "steps_taken": self.steps_taken}
+
+        def test_step(self, data):
+            return {"constant": 2.5}
+
+    model = compiled(Logging(rk.layers.FeatureColumns(specs())))
+    history = model.fit(synthetic(512), batch_size=128, epochs=2, verbose=0)
+    assert history.history["steps_taken"] == [4.0, 8.0]
+    assert set(history.history) == {"loss", "auc", "steps_taken"}
+    assert model.evaluate(synthetic(256), batch_size=128, verbose=0,
+                          return_dict=True) == {"constant": 2.5}
+    assert model.evaluate(synthetic(256), batch_size=128, verbose=0) == 2.5
+    # Steps that return the metrics' names give the metrics over the epoch.
+    plain = compiled(Ranker(rk.layers.FeatureColumns(specs())))
+    logs = plain.evaluate(synthetic(256), batch_size=128, verbose=0, return_dict=True)
+    assert set(logs) == {"loss", "auc"}
