@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import pyarrow as pa
 
 from reckeras import _keras_compat
+from reckeras.features.specs import LENGTHS
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
 from reckeras.pipeline import compile_arguments, group_metrics, loops, steps
@@ -33,6 +35,10 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
     `rk.callbacks.BackupAndRestore` also resumes mid-epoch (`resume_at`).
     Keras methods that cannot see the tables are refused with a message
     naming what to use (see `docs/keras_api.md`).
+
+    Called directly, `model(x)` takes the encoded inputs its `call`
+    receives, or a raw batch (a dict of columns or a pyarrow Table), which
+    the FeatureColumns encode first, as `predict` does.
 
     A subclassed model is built by its first batch (`fit` builds it on the
     data's first rows before training; or call `predict_on_batch`), and,
@@ -87,6 +93,21 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         self._group_outputs: list = []
         self.pipeline_stats: dict[str, Any] = {}
         self.loop_state = loops.LoopState()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A raw batch (a Table, or a dict of columns, which lacks the encoded
+        # inputs' LENGTHS) is encoded first, as `predict` encodes it; encoded
+        # and symbolic inputs go to Keras as they are.
+        if args and self._is_raw_batch(args[0]):
+            args = (self.feature_columns.encode(args[0]), *args[1:])
+        return super().__call__(*args, **kwargs)
+
+    def _is_raw_batch(self, x: Any) -> bool:
+        if isinstance(x, (pa.Table, pa.RecordBatch)):
+            return True
+        if not isinstance(x, dict) or LENGTHS in x or not self._layers_of(FeatureColumns):
+            return False
+        return LENGTHS in self.feature_columns.input_names
 
     def _layers_of(self, kind):
         # Walked once (a built model's layers are fixed). Keyed by name: Keras

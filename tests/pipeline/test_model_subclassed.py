@@ -136,3 +136,19 @@ def test_export_serving_of_a_subclassed_model_is_refused(tmp_path):
     model.predict_on_batch(synthetic(4))
     with pytest.raises(NotImplementedError, match=r"export_serving\(\) .* subclassed"):
         model.export_serving(tmp_path / "artifact")
+
+
+@pytest.mark.parametrize("kind", ["functional", "subclassed"])
+def test_calling_the_model_on_a_raw_batch_gives_what_predict_gives(kind):
+    keras.utils.set_random_seed(0)
+    model = compiled(functional_ranker() if kind == "functional" else
+                     Ranker(rk.layers.FeatureColumns(specs())))
+    model.fit(synthetic(256), batch_size=64, verbose=0)
+    batch = synthetic(40, seed=5).drop(["label"])
+    expected = model.predict(batch, verbose=0)
+    as_dict = {name: batch.column(name).to_numpy() for name in batch.column_names}
+    for raw in (batch, as_dict):
+        np.testing.assert_allclose(model(raw).detach().numpy(), expected, rtol=1e-5)
+    # Encoded inputs go to call as they are.
+    encoded = model.feature_columns.encode(batch)
+    np.testing.assert_allclose(model(encoded).detach().numpy(), expected, rtol=1e-5)
