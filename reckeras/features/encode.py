@@ -196,6 +196,10 @@ def _ids(spec: Any, values: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     and where a value is present (None without nulls)."""
     if pa.types.is_null(values.type):           # nothing but nulls (JSON nulls)
         return np.zeros(len(values), np.int64), np.zeros(len(values), bool)
+    if pa.types.is_dictionary(values.type):
+        return _dictionary_ids(spec, values)
+    if pa.types.is_floating(values.type):
+        return _float_ids(spec, values)
     if _is_string(values.type):
         if spec.dtype != "string":
             raise FeatureInputError(
@@ -219,12 +223,49 @@ def _ids(spec: Any, values: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
         filled = values.fill_null(0) if values.null_count else values
         ids = np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
     else:
-        raise FeatureInputError(f"feature {spec.name!r}: expected int64 or string "
-                                f"ids, got {values.type}")
+        raise FeatureInputError(f"feature {spec.name!r}: expected integer, string, "
+                                f"whole float or dictionary-encoded ids, got "
+                                f"{values.type}")
     if not values.null_count:
         return ids, None
     present = np.asarray(values.is_valid())
     return np.where(present, ids, 0), present
+
+
+def _dictionary_ids(spec: Any, values: pa.DictionaryArray
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """`_ids` of a dictionary-encoded column (pandas categoricals, parquet
+    dictionary pages read as such): each distinct value is turned into an id
+    once, and every row takes its entry's."""
+    entries, known = _ids(spec, values.dictionary)
+    if not len(entries):                        # an empty dictionary: all null
+        return np.zeros(len(values), np.int64), np.zeros(len(values), bool)
+    indices = np.asarray(values.indices.fill_null(0).to_numpy(zero_copy_only=False),
+                         dtype=np.int64)
+    ids = entries[indices]
+    present = np.asarray(values.is_valid()) if values.null_count else None
+    if known is not None:                       # null entries in the dictionary
+        present = known[indices] if present is None else present & known[indices]
+    return (ids, None) if present is None else (np.where(present, ids, 0), present)
+
+
+def _float_ids(spec: Any, values: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """`_ids` of a float column of whole numbers: pandas turns an int column
+    with missing values into float64, its NaNs the missing ids."""
+    if spec.dtype == "string":
+        raise FeatureInputError(f"feature {spec.name!r} is declared string but the "
+                                f"column holds {values.type}")
+    floats = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
+    present = ~np.isnan(floats)
+    whole = floats[present]
+    # Above 2**53 a float64 no longer holds every integer: the id is lost.
+    bad = (whole != np.floor(whole)) | (np.abs(whole) > 2.0**53)
+    if bad.any():
+        raise FeatureInputError(f"feature {spec.name!r}: float ids must be whole numbers "
+                                f"of at most 2**53 (NaN for a missing id), got "
+                                f"{whole[bad][0]!r}")
+    ids = np.where(present, floats, 0.0).astype(np.int64)
+    return (ids, None) if present.all() else (ids, present)
 
 
 def _list_lengths(column: pa.Array) -> np.ndarray:

@@ -96,11 +96,47 @@ def test_dict_input_and_padded_sequences():
     ({"n": pa.array([1.0, np.inf, 0.0])}, "feature 'n': column holds \\+-inf"),
     ({"q": pa.array([1, 2, 3])}, "feature 'q': expected a list column"),
     ({"q": pa.array([[1, None], [], []], pa.list_(pa.int64()))}, "feature 'q': null inside"),
-    ({"c": pa.array([1.0, 2.0, 3.0])}, "feature 'c': expected int64 or string ids"),
+    ({"c": pa.array([1.0, 2.5, 3.0])}, "feature 'c': float ids must be whole numbers"),
+    ({"c": pa.array([1.0, 2.0**60, 3.0])}, "feature 'c': float ids must be whole numbers"),
+    ({"s": pa.array([1.0, 2.0, 3.0])}, "feature 's' is declared string"),
+    ({"c": pa.array([True, False, True])}, "feature 'c': expected integer, string, whole "
+                                           "float or dictionary-encoded ids, got bool"),
 ])
 def test_bad_input_names_the_feature(overrides, message):
     with pytest.raises(FeatureInputError, match=message):
         encode(SPECS, batch(**overrides))
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=st.lists(st.one_of(st.none(), st.text(max_size=3)), max_size=6),
+       rows=st.lists(st.one_of(st.none(), st.integers(0, 5)), min_size=1, max_size=20),
+       as_ints=st.booleans())
+def test_dictionary_encoded_ids_are_the_ids_of_their_values(entries, rows, as_ints):
+    # A pandas categorical or a parquet dictionary page: the ids (and which
+    # are missing) are those of the decoded column.
+    if as_ints:
+        entries = [None if e is None else len(e) * 1000 + sum(map(ord, e)) for e in entries]
+    values = pa.array(entries, pa.int64() if as_ints else pa.string())
+    indices = [None if i is None or i >= len(entries) else i for i in rows]
+    column = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), values)
+    spec = rk.features.Categorical("c", dim=4, dtype="int64" if as_ints else "string")
+    encoded = encode([spec], {"c": column})
+    decoded = encode([spec], {"c": column.dictionary_decode()})
+    np.testing.assert_array_equal(encoded["c"], decoded["c"])
+    np.testing.assert_array_equal(encoded[LENGTHS], decoded[LENGTHS])
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.one_of(st.none(), st.integers(-2**53, 2**53)), min_size=1,
+                    max_size=20))
+def test_whole_float_ids_are_the_int_ids_and_nan_is_missing(ids):
+    # pandas turns an int column with missing values into float64 with NaN.
+    floats = np.array([np.nan if i is None else float(i) for i in ids])
+    spec = rk.features.Categorical("c", dim=4)
+    from_floats = encode([spec], {"c": floats})
+    from_ints = encode([spec], {"c": pa.array(ids, pa.int64())})
+    np.testing.assert_array_equal(from_floats["c"], from_ints["c"])
+    np.testing.assert_array_equal(from_floats[LENGTHS], from_ints[LENGTHS])
 
 
 def test_missing_column_and_empty_batch():
