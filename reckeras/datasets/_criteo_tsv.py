@@ -11,7 +11,6 @@ as whole decimals.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -20,7 +19,15 @@ import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset, rows_of
-from reckeras.datasets._files import BadFiles, Located, file_error, lines_before_break, locate
+from reckeras.datasets._files import (
+    BadFiles,
+    Located,
+    PathsOrGlobs,
+    file_error,
+    lines_before_break,
+    locate,
+    source_name,
+)
 
 NUMERIC_COLUMNS = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_COLUMNS = [f"C{i}" for i in range(1, 27)]
@@ -188,7 +195,7 @@ class _CriteoTsvSource:
             yield table
 
 
-def criteo_tsv(path_or_glob: str | os.PathLike, *,
+def criteo_tsv(path_or_glob: PathsOrGlobs, *,
                filesystem: pafs.FileSystem | None = None,
                on_bad_file: str = "raise") -> Dataset:
     """Opens Criteo click logs in their original tab-separated format.
@@ -206,7 +213,7 @@ def criteo_tsv(path_or_glob: str | os.PathLike, *,
     Args:
         path_or_glob: a file (plain or `.gz`), a directory (every file
             below it) or a glob such as "criteo/day_*.gz"; a local path or a
-            pyarrow filesystem URI.
+            pyarrow filesystem URI. Or a list of them.
         filesystem: a `pyarrow.fs.FileSystem` that `path_or_glob` is in;
             None for a local path or a URI.
         on_bad_file: "raise" to raise the error naming a bad file; "skip" to
@@ -235,7 +242,7 @@ def criteo_tsv(path_or_glob: str | os.PathLike, *,
     """
     bad_files = BadFiles(on_bad_file)
     located = locate(path_or_glob, filesystem, ("",), "Criteo TSV")
-    return Dataset(_CriteoTsvSource(located, bad_files), os.fspath(path_or_glob), {
+    return Dataset(_CriteoTsvSource(located, bad_files), source_name(path_or_glob), {
         "description": "Criteo click logs (tab-separated: label, I1..I13, "
                        "C1..C26)",
         "format": "criteo_tsv"})

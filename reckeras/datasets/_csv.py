@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -13,7 +12,14 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
-from reckeras.datasets._files import BadFiles, Located, lines_before_break, locate
+from reckeras.datasets._files import (
+    BadFiles,
+    Located,
+    PathsOrGlobs,
+    lines_before_break,
+    locate,
+    source_name,
+)
 from reckeras.datasets._fragments import FragmentSource, Partitioning
 
 # What a directory's files may be called; pyarrow decompresses by extension.
@@ -203,7 +209,7 @@ class _CsvSource(FragmentSource):
         return table
 
 
-def from_csv(path_or_glob: str | os.PathLike, *,
+def from_csv(path_or_glob: PathsOrGlobs, *,
              column_types: Mapping[str, pa.DataType] | None = None,
              column_names: Sequence[str] | None = None, delimiter: str = ",",
              list_delimiter: str = "|", null_values: Sequence[str] = ("",),
@@ -230,7 +236,7 @@ def from_csv(path_or_glob: str | os.PathLike, *,
     Args:
         path_or_glob: a file, a directory (every `.csv` or `.tsv` file
             below it, plain or compressed), or a glob; a local path or a
-            pyarrow filesystem URI.
+            pyarrow filesystem URI. Or a list of them.
         column_types: a type for some columns, e.g.
             `{"user": pa.int64(), "genres": pa.list_(pa.string())}`.
         column_names: the column names when the files have no header line
@@ -284,4 +290,4 @@ def from_csv(path_or_glob: str | os.PathLike, *,
                          else list(column_names)),
         pcsv.ParseOptions(delimiter=delimiter), dict(column_types or {}),
         null_values, list_delimiter, bad_files)
-    return Dataset(source, os.fspath(path_or_glob), {"format": "csv"}, label)
+    return Dataset(source, source_name(path_or_glob), {"format": "csv"}, label)

@@ -18,6 +18,7 @@ import dataclasses
 import fnmatch
 import logging
 import os
+import posixpath
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -305,6 +306,29 @@ def _glob(filesystem: pafs.FileSystem,
     return files, base
 
 
+def _locate_each(paths: Sequence[str | os.PathLike], filesystem: pafs.FileSystem | None,
+                 suffixes: Sequence[str], what: str) -> Located:
+    """`locate` of a list: the union of each entry's files."""
+    if isinstance(paths, (bytes, dict)) or not len(paths):
+        raise ValueError(f"expected a {what} path, directory or glob, or a non-empty "
+                         f"list of them, got {paths!r}")
+    parts = [locate(path, filesystem, suffixes, what) for path in paths]
+    kinds = {part.filesystem.type_name for part in parts}
+    if len(kinds) > 1:
+        raise ValueError(f"the {what} paths {source_name(paths)!r} lie on several "
+                         f"filesystems ({', '.join(sorted(kinds))}); give one list per "
+                         f"filesystem")
+    files = {path: size for part in parts
+             for path, size in zip(part.paths, part.sizes or [None] * len(part.paths),
+                                   strict=True)}
+    try:
+        base = posixpath.commonpath([part.base_dir for part in parts])
+    except ValueError:                  # absolute and relative paths mixed
+        base = ""
+    ordered = sorted(files)
+    return Located(parts[0].filesystem, ordered, base, [files[path] for path in ordered])
+
+
 def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
     wildcard = next((i for i, char in enumerate(uri) if char in _WILDCARDS),
                     None)
@@ -319,7 +343,31 @@ def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
     return filesystem, directory.rstrip("/") + uri[cut:]
 
 
-def locate(path_or_glob: str | os.PathLike, filesystem: pafs.FileSystem | None,
+# What every reader takes: one path, directory or glob, or a list of them.
+PathsOrGlobs = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def source_name(path_or_glob: PathsOrGlobs) -> str:
+    """The name a reader's `Dataset` gets from what it was given.
+
+    Args:
+        path_or_glob: a path, directory or glob, or a list of them.
+
+    Returns:
+        The path itself, or the list's paths joined by ", ".
+
+    Example:
+
+    ```python
+    source_name(["day1.parquet", "day2.parquet"])   # "day1.parquet, day2.parquet"
+    ```
+    """
+    if isinstance(path_or_glob, (str, os.PathLike)):
+        return os.fspath(path_or_glob)
+    return ", ".join(os.fspath(path) for path in path_or_glob)
+
+
+def locate(path_or_glob: PathsOrGlobs, filesystem: pafs.FileSystem | None,
            suffixes: Sequence[str], what: str) -> Located:
     """The files a reader opens.
 
@@ -327,7 +375,9 @@ def locate(path_or_glob: str | os.PathLike, filesystem: pafs.FileSystem | None,
         path_or_glob: a file, a directory (every file below it whose name
             ends with one of `suffixes`, but for hidden and `_`-prefixed
             ones), or a glob; a local path or, when `filesystem` is None, a
-            URI such as "file:///data/logs".
+            URI such as "file:///data/logs". Or a list of them, on one
+            filesystem: the files of each, once each; partition paths start
+            below the directory they have in common.
         filesystem: the filesystem `path_or_glob` is in, or None (local, or
             read from the URI).
         suffixes: the file name endings a directory's files are kept by,
@@ -338,7 +388,9 @@ def locate(path_or_glob: str | os.PathLike, filesystem: pafs.FileSystem | None,
         The `Located` files, in sorted path order.
 
     Raises:
-        FileNotFoundError: when nothing matches (naming `path_or_glob`).
+        FileNotFoundError: when nothing matches (naming `path_or_glob`), or
+            an entry of a list matches nothing (naming it).
+        ValueError: an empty list, or a list over several filesystems.
 
     Example:
 
@@ -348,6 +400,8 @@ def locate(path_or_glob: str | os.PathLike, filesystem: pafs.FileSystem | None,
     located = locate("file:///data/day_*.csv", None, (".csv",), "CSV")
     ```
     """
+    if not isinstance(path_or_glob, (str, os.PathLike)):
+        return _locate_each(path_or_glob, filesystem, suffixes, what)
     pattern = os.fspath(path_or_glob)
     if filesystem is not None:
         path = pattern

@@ -8,17 +8,15 @@ once a read failed, the stripe.
 
 from __future__ import annotations
 
-import os
-
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
-from reckeras.datasets._files import BadFiles, locate
+from reckeras.datasets._files import BadFiles, PathsOrGlobs, locate, source_name
 from reckeras.datasets._fragments import FragmentSource, Partitioning
 
 
-def from_orc(path_or_glob: str | os.PathLike, *,
+def from_orc(path_or_glob: PathsOrGlobs, *,
              partitioning: Partitioning = "hive",
              filesystem: pafs.FileSystem | None = None,
              label: str = LABEL, on_bad_file: str = "raise") -> Dataset:
@@ -34,7 +32,8 @@ def from_orc(path_or_glob: str | os.PathLike, *,
 
     Args:
         path_or_glob: an ORC file, a directory (every `*.orc` file below
-            it), or a glob; a local path or a pyarrow filesystem URI.
+            it), or a glob; a local path or a pyarrow filesystem URI. Or a
+            list of them.
         partitioning: "hive" to read `key=value` directories as columns, a
             `pyarrow.dataset.partitioning(...)`, or None.
         filesystem: a `pyarrow.fs.FileSystem` that `path_or_glob` is in;
@@ -67,4 +66,4 @@ def from_orc(path_or_glob: str | os.PathLike, *,
     located = locate(path_or_glob, filesystem, (".orc",), "ORC")
     source = FragmentSource(located, ds.OrcFileFormat(), partitioning, "ORC",
                             bad_files)
-    return Dataset(source, os.fspath(path_or_glob), {"format": "orc"}, label)
+    return Dataset(source, source_name(path_or_glob), {"format": "orc"}, label)

@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from reckeras.datasets._dataset import LABEL, Dataset
-from reckeras.datasets._files import BadFiles, Located, locate
+from reckeras.datasets._files import BadFiles, Located, PathsOrGlobs, locate, source_name
 from reckeras.datasets._fragments import (
     METADATA_KEY,
     FragmentSource,
@@ -77,7 +77,7 @@ def open_files(files: Sequence[str | os.PathLike], name: str,
     return Dataset(source, name, _description(source))
 
 
-def from_parquet(path_or_glob: str | os.PathLike, *,
+def from_parquet(path_or_glob: PathsOrGlobs, *,
                  partitioning: Partitioning = "hive",
                  filesystem: pafs.FileSystem | None = None,
                  label: str = LABEL, on_bad_file: str = "raise") -> Dataset:
@@ -97,7 +97,8 @@ def from_parquet(path_or_glob: str | os.PathLike, *,
         path_or_glob: a parquet file, a directory (every `*.parquet` file
             below it), or a glob pattern such as "data/day_*.parquet" (`**`
             for any depth); a local path, or a URI of any pyarrow filesystem
-            such as "file:///data/logs".
+            such as "file:///data/logs". Or a list of them: the files of
+            each, once each.
         partitioning: "hive" to read `key=value` directories as columns
             (pyarrow infers their type: int32 for integers, else string);
             a `pyarrow.dataset.partitioning(...)` to declare their types or
@@ -136,4 +137,4 @@ def from_parquet(path_or_glob: str | os.PathLike, *,
     located = locate(path_or_glob, filesystem, (".parquet",), "parquet")
     source = FragmentSource(located, _format(), partitioning, "parquet",
                             bad_files)
-    return Dataset(source, os.fspath(path_or_glob), _description(source), label)
+    return Dataset(source, source_name(path_or_glob), _description(source), label)

@@ -35,6 +35,32 @@ class TestFromParquet:
         assert by_dir.label == "label"
         assert by_dir.schema.names == ["label", "x"]
 
+    def test_a_list_of_files_dirs_and_globs_reads_each_file_once(self, tmp_path):
+        write_parts(tmp_path / "d")
+        write_parts(tmp_path / "e", parts=2, rows=4)
+        listed = rkd.from_parquet([tmp_path / "d" / "part-2.parquet",
+                                   str(tmp_path / "d" / "part-[02].parquet"),
+                                   tmp_path / "e"])
+        assert listed.files == sorted([str(tmp_path / "d" / "part-0.parquet"),
+                                       str(tmp_path / "d" / "part-2.parquet"),
+                                       str(tmp_path / "e" / "part-0.parquet"),
+                                       str(tmp_path / "e" / "part-1.parquet")])
+        assert listed.num_rows == 5 + 5 + 4 + 4
+        assert listed.to_table()["x"].to_pylist() == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14,
+                                                      0, 1, 2, 3, 4, 5, 6, 7]
+        assert listed.name.endswith("d/part-[02].parquet, " + str(tmp_path / "e"))
+        with pytest.raises(FileNotFoundError, match="missing"):
+            rkd.from_parquet([tmp_path / "d", tmp_path / "missing.parquet"])
+        with pytest.raises(ValueError, match="non-empty list"):
+            rkd.from_parquet([])
+
+    def test_a_list_keeps_the_partitions_below_its_common_directory(self, tmp_path):
+        for day in ("2026-12-01", "2026-12-02"):
+            write_parts(tmp_path / "logs" / f"dt={day}", parts=1, rows=2)
+        data = rkd.from_parquet([tmp_path / "logs" / "dt=2026-12-01",
+                                 tmp_path / "logs" / "dt=2026-12-02" / "part-0.parquet"])
+        assert data.to_table()["dt"].to_pylist() == ["2026-12-01"] * 2 + ["2026-12-02"] * 2
+
     def test_batches_cross_file_boundaries(self, tmp_path):
         write_parts(tmp_path / "d")
         data = rkd.from_parquet(tmp_path / "d")
