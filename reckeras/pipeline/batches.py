@@ -203,7 +203,7 @@ def label_column(values: Any, table: pa.Table, name: str) -> pa.Array:
     if values.shape[:1] != (table.num_rows,):
         raise ValueError(f"labels {name!r} must hold one entry per example: "
                          f"{table.num_rows}, got shape {values.shape}")
-    values = values.reshape(table.num_rows, -1)
+    values = values.reshape(table.num_rows, int(np.prod(values.shape[1:])))  # 0 rows too
     return pa.array(values[:, 0]) if values.shape[1] == 1 else \
         pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
 

@@ -241,6 +241,10 @@ def agreed_steps(data: Any, batch_size: int, limit: int | None = None) -> int:
 
     Returns:
         The smallest count over the ranks.
+
+    Raises:
+        ValueError: data without a batch (on some rank), or without a length
+            and no `limit`.
     """
     world = distributed.world()
     steps = data.num_batches(batch_size, shard_index=world.rank, num_shards=world.size)
@@ -257,6 +261,11 @@ def agreed_steps(data: Any, batch_size: int, limit: int | None = None) -> int:
         with distributed.collective("agreeing on the number of steps"):
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
         steps = int(count)
+    if steps == 0 and limit != 0:
+        name = getattr(data, "name", None) or getattr(data, "kind", None) or "the data"
+        where = "on at least one rank" if world.size > 1 else "in this process"
+        raise ValueError(f"{name} gives no batch {where}: it holds no rows (an empty "
+                         f"file, table or filter?)")
     return steps
 
 

@@ -3,6 +3,8 @@ import threading
 import keras
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
 import reckeras as rk
 
@@ -73,3 +75,20 @@ def test_every_kind_of_batch_end_still_runs_each_step():
     np.testing.assert_allclose(own.steps[-1][1], history.history["loss"][-1], rtol=1e-6)
     assert test == [0, 1, 2]
     assert predicted == [(8, 1), (8, 1), (4, 1)]
+
+
+def test_data_without_rows_is_named_in_every_loop(tmp_path):
+    model = build()
+    model.fit(data(), batch_size=32, verbose=0)
+    empty = data().slice(0, 0)
+    for loop in (lambda d: model.fit(d, verbose=0), lambda d: model.evaluate(d, verbose=0),
+                 lambda d: model.predict(d, verbose=0)):
+        with pytest.raises(ValueError, match="gives no batch in this process: it holds "
+                                             "no rows"):
+            loop(empty)
+    pq.write_table(empty, tmp_path / "empty.parquet")
+    with pytest.raises(ValueError, match="empty.parquet gives no batch"):
+        model.fit(rk.datasets.from_parquet(tmp_path / "empty.parquet"), verbose=0)
+    x = {name: empty.column(name).to_numpy() for name in ("n", "a")}
+    with pytest.raises(ValueError, match="gives no batch"):
+        model.fit(x, np.zeros(0, np.float32), verbose=0)
