@@ -45,6 +45,12 @@ class SparseOptimizer:
     kind: ClassVar[int]
 
     def __init__(self, learning_rate: float):
+        if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError(
+                f"{type(self).__name__}: learning_rate must be a number, not a schedule "
+                f"({type(learning_rate).__name__}): the tables' rate is the float "
+                f"`model.embedding_optimizer.learning_rate`, which a callback may set "
+                f"between steps (docs/keras_api.md, 'Learning rates')")
         if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
                 or not learning_rate > 0:
             raise ValueError(f"{type(self).__name__}: learning_rate must be a "

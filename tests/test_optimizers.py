@@ -1,3 +1,5 @@
+import keras
+import numpy as np
 import pytest
 import torch
 
@@ -82,3 +84,16 @@ def test_apply_pooled_equals_aggregate_then_apply(optimizer):
                            id_weight)
     torch.testing.assert_close(weights, expected_weights)
     torch.testing.assert_close(state, expected_state)
+
+
+def test_a_schedule_is_refused_and_the_rate_is_read_at_every_step():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5)
+    with pytest.raises(ValueError, match="learning_rate must be a number, not a schedule "
+                                         r"\(ExponentialDecay\)"):
+        optimizers.Adagrad(schedule)
+    optimizer = optimizers.SGD(0.5)
+    weights, state = torch.ones(3, 2), torch.zeros(3, optimizer.state_width(2))
+    optimizer.apply(weights, state, torch.tensor([0]), torch.ones(1, 2))
+    optimizer.learning_rate = 0.25          # as a callback sets it between steps
+    optimizer.apply(weights, state, torch.tensor([0]), torch.ones(1, 2))
+    np.testing.assert_allclose(weights.numpy(), [[0.25, 0.25], [1, 1], [1, 1]])
