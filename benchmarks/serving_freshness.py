@@ -138,6 +138,9 @@ def main():
     parser.add_argument("--bottom", type=int, nargs="+", default=[256, 128])
     parser.add_argument("--top", type=int, nargs="+", default=[256, 128])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="seconds of requests before the first day trains and "
+                             "after the last delta is served")
     args = parser.parse_args()
     if args.days < 2:
         parser.error("--days must be at least 2: a full export, then deltas")
@@ -183,7 +186,7 @@ def main():
             wait_ready(port, server)
             client = Client(port, body, 1 / args.rate, args.max_requests)
             client.start()
-            time.sleep(3)             # latency outside any switch, before training
+            time.sleep(args.settle)   # latency outside any switch, before training
             print(f"criteo_stream (production vocabulary): {args.days} days of "
                   f"{args.rows_per_day:,} rows; dlrm bottom {args.bottom + [16]} top "
                   f"{args.top + [1]}; {args.rate:g} requests/s of {args.batch} examples")
@@ -215,7 +218,7 @@ def main():
                 print(f"| {day.partition['dt']} | {total:,} | {rows:,} | "
                       f"{trained - started:.1f} | {landed - trained:.2f} | "
                       f"{served - trained:.2f} | {served - landed:.2f} |", flush=True)
-            time.sleep(2)
+            time.sleep(args.settle)
             client.stop.set()
             client.join()
             memory = resident_mb(server.pid)

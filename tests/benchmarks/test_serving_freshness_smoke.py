@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow  # runs the benchmarks' workloads
 
 def test_two_deltas_are_served_with_no_failed_or_mixed_response(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["serving_freshness.py", "--rows-per-day", "2000",
-                                      "--days", "3", "--bottom", "8", "--top", "8"])
+                                      "--days", "3", "--bottom", "8", "--top", "8",
+                                      "--settle", "1"])
     serving_freshness.main()
     lines = capsys.readouterr().out.splitlines()
     rows = [[cell.strip() for cell in line.strip("|").split("|")]
