@@ -70,6 +70,51 @@ def in_stateless_scope() -> bool:
     return _in_stateless_scope()
 
 
+class DeferredAssignments(keras.StatelessScope):
+    """A scope around a training step's forward: the variables it assigns
+    (BatchNormalization's moving statistics, a seeded Dropout's seed, a
+    loss tracker) keep their values until `commit`, and layers' added losses
+    are collected as in any stateless scope.
+
+    Keras's `StatelessScope` keeps the assigned values by variable id; this
+    one also keeps the variables (its `add_update`, which `Variable.assign`
+    calls inside a scope) so that `commit` can write them back.
+
+    Example:
+
+    ```python
+    with DeferredAssignments() as assigned:
+        loss = model.compute_loss(y=y, y_pred=model(x, training=True))
+    if torch.isfinite(loss):
+        assigned.commit(model)
+    ```
+    """
+
+    def __init__(self) -> None:
+        super().__init__(collect_losses=True)
+        self.assigned: dict[int, Any] = {}
+
+    def add_update(self, update: tuple) -> None:
+        """Keeps `(variable, value)` until `commit` (Keras's scope hook)."""
+        self.assigned[id(update[0])] = update[0]
+        super().add_update(update)
+
+    def commit(self, model: keras.Model) -> None:
+        """Gives each variable assigned in the scope its last value, and
+        hands `model`'s layers the losses they added, as `model.losses`
+        reads them after an unscoped call (call it after the scope closed).
+
+        Args:
+            model: the model whose forward ran in the scope.
+        """
+        for key, variable in self.assigned.items():
+            variable.assign(self.state_mapping[key])
+        if self.losses:
+            for layer in model._flatten_layers(include_self=True, recursive=True):
+                layer._losses.extend(loss for loss in self.losses
+                                     if id(loss) in layer._loss_ids)
+
+
 # ---- layers ----------------------------------------------------------------------
 
 def accept_raw_inputs(layer: keras.layers.Layer) -> None:
@@ -104,11 +149,12 @@ def call_built(layer: keras.layers.Layer, inputs: Any, **kwargs: Any) -> Any:
 
     A built layer called eagerly on torch tensors, with no autocast (its
     compute dtype is its variable dtype, no autocast scope open), outside a
-    stateless scope, with no activity regularizer, no mask support and no
-    torch hooks, gets nothing from `__call__` but pytree walks over its
-    inputs, a call context and a name scope (80 to 200 us a layer on CPU,
-    ~0.5 ms of a two-tower step): it runs `layer.call` directly. Any other
-    call goes through `__call__`. The caller passes `training` itself
+    stateless scope other than a training step's `DeferredAssignments`,
+    with no activity regularizer, no mask support and no torch hooks, gets
+    nothing from `__call__` but pytree walks over its inputs, a call context
+    and a name scope (80 to 200 us a layer on CPU, ~0.5 ms of a two-tower
+    step): it runs `layer.call` directly. Any other call goes through
+    `__call__`. The caller passes `training` itself
     (`__call__` would resolve it from the outer call), and the outer
     model's `__call__` still clears the layer's losses each step.
 
@@ -124,7 +170,9 @@ def call_built(layer: keras.layers.Layer, inputs: Any, **kwargs: Any) -> Any:
     policy = layer.dtype_policy
     if (layer.built and isinstance(first, torch.Tensor)
             and policy.compute_dtype == policy.variable_dtype
-            and _backend.get_autocast_scope() is None and not _in_stateless_scope()
+            and _backend.get_autocast_scope() is None
+            and (not _in_stateless_scope()
+                 or isinstance(_backend.get_stateless_scope(), DeferredAssignments))
             and layer.activity_regularizer is None and not layer.supports_masking
             and not (layer._forward_hooks or layer._forward_pre_hooks)):
         return layer.call(inputs, **kwargs)

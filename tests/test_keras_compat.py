@@ -93,6 +93,38 @@ def test_call_built_runs_call_directly_only_where_call_changes_nothing():
     assert mixed.keras_calls == 2
 
 
+def test_deferred_assignments_hold_a_forwards_state_and_losses_until_commit():
+    class Penalized(keras.layers.Layer):
+        def call(self, x):
+            self.add_loss(keras.ops.sum(x))
+            return x
+
+    inputs = keras.Input((2,))
+    norm = keras.layers.BatchNormalization(momentum=0.5)
+    model = keras.Model(inputs, Penalized()(norm(inputs)))
+    x = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
+    with compat.DeferredAssignments() as assigned:
+        model(x, training=True)
+        # Inside, the scope's values are read; the variables do not move.
+        assert compat.in_stateless_scope()
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(norm.moving_mean.value),
+                                   [1.0, 2.0])
+        assert len(model.losses) == 1
+        layer = CountedCalls()
+        layer(x)
+        compat.call_built(layer, x)
+        assert layer.keras_calls == 1                   # the direct path stays open
+    np.testing.assert_array_equal(norm.moving_mean.numpy(), [0.0, 0.0])
+    assert model.losses == []
+    assigned.commit(model)
+    np.testing.assert_allclose(norm.moving_mean.numpy(), [1.0, 2.0])   # 0.5 * mean
+    assert len(model.losses) == 1
+    # A scope never committed changes nothing.
+    with compat.DeferredAssignments():
+        model(x, training=True)
+    np.testing.assert_allclose(norm.moving_mean.numpy(), [1.0, 2.0])
+
+
 def test_walk_layers_finds_nested_layers_once():
     model, columns = small_model()
     inner = keras.Sequential([keras.layers.Dense(2, name="inner_dense")])

@@ -9,9 +9,11 @@ batch; data without a prepared batch (a step called by hand) is packed as a
 plain call packs it. Nothing of a step is kept on the model.
 
 `train_step` is Keras's torch `train_step` with three differences: backward
-always runs (it also trains the tables); the tables' updates wait until
-backward is done and the step is known to be finite (`guard`); the dense
-gradients are averaged over the ranks.
+always runs (it also trains the tables); the tables' updates, and the
+values the forward assigns to variables (BatchNormalization's moving
+statistics, a Dropout's seed), wait until backward is done and the step is
+known to be finite (`guard`); the dense gradients are averaged over the
+ranks.
 """
 
 from __future__ import annotations
@@ -93,10 +95,13 @@ def train_step(model: keras.Model, data: tuple) -> dict:
         engine.release_pins()       # left by a step that failed mid-way
     with contextlib.ExitStack() as stack:
         updates = [stack.enter_context(engine.deferred_updates()) for engine in engines]
-        y_pred = forward(model, x, True, prepared_batch(data))
-        model.zero_grad()
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                  training=True)
+        # What the forward assigns (BatchNormalization's moving statistics,
+        # Dropout's seed) waits in the scope, like the tables' updates.
+        with _keras_compat.DeferredAssignments() as assigned:
+            y_pred = forward(model, x, True, prepared_batch(data))
+            model.zero_grad()
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
+                                      sample_weight=sample_weight, training=True)
         scaled = model.optimizer.scale_loss(loss)
         if scaled.requires_grad:
             scaled.backward()
@@ -104,6 +109,7 @@ def train_step(model: keras.Model, data: tuple) -> dict:
         gradients = [v.value.grad for v in trainable]
         if not guard.step_is_finite(loss, gradients, updates):
             return _refuse_step(model, loss, gradients, trainable, updates)
+        assigned.commit(model)
         for update in updates:
             update.apply()
         if trainable:

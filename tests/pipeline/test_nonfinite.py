@@ -20,7 +20,8 @@ def poisoned_loss(y_true, y_pred):
     return bce * keras.ops.where(poisoned, float("nan"), 1.0)
 
 
-def build(loss=poisoned_loss, nonfinite="raise", embedding_nan=False, seed=0):
+def build(loss=poisoned_loss, nonfinite="raise", embedding_nan=False, seed=0,
+          batch_norm=False):
     keras.utils.set_random_seed(seed)
     columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
                                         rk.features.Categorical("a", dim=4),
@@ -35,6 +36,10 @@ def build(loss=poisoned_loss, nonfinite="raise", embedding_nan=False, seed=0):
             lambda e: e + keras.ops.sqrt(keras.ops.abs(e) * 0.0))(embedded)
     hidden = keras.layers.Dense(8, activation="relu")(
         keras.layers.Concatenate()([dense, embedded]))
+    if batch_norm:
+        # State a forward assigns: the moving statistics, a seeded Dropout's seed
+        # (an unseeded one draws from torch's global generator, not a variable).
+        hidden = keras.layers.Dropout(0.2, seed=1)(keras.layers.BatchNormalization()(hidden))
     model = rk.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hidden))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=loss,
                   embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1),
@@ -64,9 +69,10 @@ def poison(table, rows):
     return table.set_column(table.column_names.index("label"), "label", pa.array(labels))
 
 
-def test_raise_names_the_step_and_changes_nothing():
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_raise_names_the_step_and_changes_nothing(batch_norm):
     data = synthetic(512)
-    model = build()
+    model = build(batch_norm=batch_norm)
     model.fit(data.slice(0, 256), batch_size=128, verbose=0)      # warm: rows, Adam state
     before = state(model)
     with pytest.raises(rk.NonFiniteStepError, match="training step 1 of epoch 1: the loss"):
@@ -89,14 +95,15 @@ def test_nan_embedding_gradient_alone_is_caught():
         assert (table.state == table.state.flat[0]).all()    # never updated
 
 
-def test_skip_equals_training_without_the_bad_batch():
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_skip_equals_training_without_the_bad_batch(batch_norm):
     data = synthetic(768)
     bad = poison(data, [300])                        # in the second of three batches
-    skipped = build(nonfinite="skip")
+    skipped = build(nonfinite="skip", batch_norm=batch_norm)
     history = skipped.fit(bad, batch_size=256, epochs=1, verbose=0, shuffle=False)
     assert skipped.pipeline_stats["nonfinite_skipped"] == 1
     assert np.isfinite(history.history["loss"]).all()
-    reference = build(nonfinite="skip")
+    reference = build(nonfinite="skip", batch_norm=batch_norm)
     reference.fit(pa.concat_tables([data.slice(0, 256), data.slice(512)]), batch_size=256,
                   epochs=1, verbose=0, shuffle=False)
     a, b = state(skipped), state(reference)
