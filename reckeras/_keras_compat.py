@@ -17,7 +17,7 @@ range is widened.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import keras
@@ -93,6 +93,7 @@ class DeferredAssignments(keras.StatelessScope):
     def __init__(self) -> None:
         super().__init__(collect_losses=True)
         self.assigned: dict[int, Any] = {}
+        self.writes: list[Callable[[], None]] = []
 
     def add_update(self, update: tuple) -> None:
         """Keeps `(variable, value)` until `commit` (Keras's scope hook)."""
@@ -109,10 +110,33 @@ class DeferredAssignments(keras.StatelessScope):
         """
         for key, variable in self.assigned.items():
             variable.assign(self.state_mapping[key])
+        for write in self.writes:
+            write()
         if self.losses:
             for layer in model._flatten_layers(include_self=True, recursive=True):
                 layer._losses.extend(loss for loss in self.losses
                                      if id(loss) in layer._loss_ids)
+
+
+def defer_write(write: Callable[[], None]) -> bool:
+    """Holds an in-place state write until the training step commits.
+
+    A layer that updates its variables in place (not through `assign`)
+    hands the write here: inside a training step's `DeferredAssignments` it
+    runs at `commit`, so a refused step does not write it.
+
+    Args:
+        write: writes the new state.
+
+    Returns:
+        True when it waits for the commit; False outside a training step,
+        where the caller writes at once.
+    """
+    scope = _backend.get_stateless_scope() if _in_stateless_scope() else None
+    if not isinstance(scope, DeferredAssignments):
+        return False
+    scope.writes.append(write)
+    return True
 
 
 # ---- layers ----------------------------------------------------------------------

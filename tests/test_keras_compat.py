@@ -125,6 +125,18 @@ def test_deferred_assignments_hold_a_forwards_state_and_losses_until_commit():
     np.testing.assert_allclose(norm.moving_mean.numpy(), [1.0, 2.0])
 
 
+def test_defer_write_waits_for_the_commit_only_inside_a_training_step():
+    written = []
+    assert compat.defer_write(lambda: written.append("now")) is False
+    with keras.StatelessScope():                   # another scope: not a training step
+        assert compat.defer_write(lambda: written.append("other")) is False
+    with compat.DeferredAssignments() as step:
+        assert compat.defer_write(lambda: written.append("step")) is True
+    assert written == []                           # the callers wrote the others
+    step.commit(keras.Sequential())
+    assert written == ["step"]
+
+
 def test_walk_layers_finds_nested_layers_once():
     model, columns = small_model()
     inner = keras.Sequential([keras.layers.Dense(2, name="inner_dense")])

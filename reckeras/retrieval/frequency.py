@@ -17,6 +17,7 @@ from typing import Any
 import keras
 import torch
 
+from reckeras import _keras_compat
 from reckeras.backend_kernels.hashing import mix64
 
 
@@ -113,10 +114,11 @@ class FrequencyEstimator(keras.layers.Layer):
         Returns:
             float32 `log q` of every id after the update, shaped as `ids`
             (what `log_probability(ids)` would read, without hashing again).
+            Inside a training step the update is written when the step is
+            applied (a refused step leaves the estimate as it was).
         """
         with torch.no_grad():
-            step = self.step.value
-            step.add_(1)
+            step = self.step.value + 1
             buckets, inverse, counts = torch.unique(self.buckets(ids).reshape(-1),
                                                     return_inverse=True,
                                                     return_counts=True)
@@ -127,9 +129,18 @@ class FrequencyEstimator(keras.layers.Layer):
             # so the new gap is > 0 and its log finite.
             updated = torch.pow(keep, counts.to(torch.float32) - 1).mul_(
                 torch.add(gap[buckets].mul_(keep), since, alpha=self.alpha))
-            gap[buckets] = updated
-            last[buckets] = step
-            return updated.log_().neg_()[inverse].reshape(ids.shape)
+            log_q = updated.log().neg_()[inverse].reshape(ids.shape)
+
+        def write() -> None:
+            with torch.no_grad():
+                gap[buckets] = updated
+                last[buckets] = step
+                self.step.value.copy_(step)
+
+        # In a training step the state moves only if the step is applied.
+        if not _keras_compat.defer_write(write):
+            write()
+        return log_q
 
     def log_probability(self, ids: torch.Tensor) -> torch.Tensor:
         """`log q = -log B` of every id, without updating anything.

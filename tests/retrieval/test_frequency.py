@@ -47,6 +47,29 @@ def test_update_returns_what_log_probability_reads_after_it():
     np.testing.assert_allclose(log_q[1, 0].item(), -np.log(0.6), rtol=1e-6)
 
 
+def test_in_a_training_step_the_update_waits_for_the_commit():
+    from reckeras._keras_compat import DeferredAssignments
+
+    direct = rk.retrieval.FrequencyEstimator(num_buckets=16, alpha=0.3)
+    deferred = rk.retrieval.FrequencyEstimator(num_buckets=16, alpha=0.3)
+    for estimator in (direct, deferred):
+        estimator.build()
+        estimator.update(torch.tensor([1, 2, 2]))
+    ids = torch.tensor([2, 7, 2, 9])
+    expected = direct.update(ids)
+    before = [v.numpy().copy() for v in deferred.weights]
+    with DeferredAssignments():                    # a step refused: never committed
+        np.testing.assert_array_equal(deferred.update(ids).numpy(), expected.numpy())
+    for variable, value in zip(deferred.weights, before, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    with DeferredAssignments() as step:
+        log_q = deferred.update(ids)
+    step.commit(keras.Sequential())
+    np.testing.assert_array_equal(log_q.numpy(), expected.numpy())
+    for a, b in zip(deferred.weights, direct.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_estimate_converges_to_the_true_frequency():
     # Item i appears in a batch with probability p_i: the gap tends to 1 / p_i.
     rng = np.random.default_rng(1)
