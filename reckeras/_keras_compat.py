@@ -96,7 +96,11 @@ class DeferredAssignments(keras.StatelessScope):
         self.writes: list[Callable[[], None]] = []
 
     def add_update(self, update: tuple) -> None:
-        """Keeps `(variable, value)` until `commit` (Keras's scope hook)."""
+        """Keeps `(variable, value)` until `commit` (Keras's scope hook).
+
+        Args:
+            update: `(variable, value)`, what `Variable.assign` hands the scope.
+        """
         self.assigned[id(update[0])] = update[0]
         super().add_update(update)
 

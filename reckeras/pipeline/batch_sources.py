@@ -24,7 +24,7 @@ import pyarrow as pa
 import torch
 
 from reckeras.features.encode import FeatureInputError, as_table
-from reckeras.pipeline.batches import LABEL_COLUMN, WEIGHT_COLUMN, label_column
+from reckeras.pipeline.label_columns import LABEL_COLUMN, WEIGHT_COLUMN, label_column
 
 
 def is_batch_source(x: Any) -> bool:

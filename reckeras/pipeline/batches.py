@@ -22,9 +22,8 @@ import pyarrow as pa
 import torch
 
 from reckeras.features.encode import FeatureInputError, as_table, as_tensors
-
-LABEL_COLUMN = "__label__"
-WEIGHT_COLUMN = "__sample_weight__"
+from reckeras.pipeline.batch_sources import SourceBatches, is_batch_source
+from reckeras.pipeline.label_columns import LABEL_COLUMN, WEIGHT_COLUMN, label_column
 
 
 class InMemoryData:
@@ -142,8 +141,6 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
         `(data, weight column name or None)`.
     """
     weight_column = sample_weight if isinstance(sample_weight, str) else None
-    # Imported here: batch_sources builds on this module's label columns.
-    from reckeras.pipeline.batch_sources import SourceBatches, is_batch_source
     if is_batch_source(x):
         if y is not None or sample_weight is not None:
             raise ValueError(f"y and sample_weight must be None when x is a "
@@ -185,27 +182,6 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
     if isinstance(label_columns, str) and label_columns not in table.column_names:
         label_columns = None
     return InMemoryData(table, label_columns), weight_column
-
-
-def label_column(values: Any, table: pa.Table, name: str) -> pa.Array:
-    """One label column: a value (or a fixed-size row of values) per example.
-
-    Args:
-        values: the labels, one entry (a number or a row of numbers) per row
-            of `table`.
-        table: the batch the labels go with.
-        name: the labels' name in messages (`"y"` or an output's name).
-
-    Returns:
-        A float32 column, or a fixed-size list column for rows of values.
-    """
-    values = np.asarray(values, dtype=np.float32)
-    if values.shape[:1] != (table.num_rows,):
-        raise ValueError(f"labels {name!r} must hold one entry per example: "
-                         f"{table.num_rows}, got shape {values.shape}")
-    values = values.reshape(table.num_rows, int(np.prod(values.shape[1:])))  # 0 rows too
-    return pa.array(values[:, 0]) if values.shape[1] == 1 else \
-        pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
 
 
 def check_class_weight(class_weight: dict | None) -> dict | None:
