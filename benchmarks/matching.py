@@ -16,7 +16,8 @@ Recall@20 is printed as the optimum.
 
 The model is what a user writes for these leaderboards: `rk.models.two_tower`
 with no tower on either side (`query_units=()`, `candidate_units=()`: each
-side is its L2-normalized `--dim` embedding), the cosine contrastive loss
+side is its L2-normalized `--dim` embedding; `--units` gives both sides a
+tower, `--loss` another loss), the cosine contrastive loss
 (`--margin`, `--negative-weight`) over `--negatives` uniform negatives from
 the item corpus, RowWiseAdagrad at 0.1 on the tables (`--embedding-optimizer`,
 `--learning-rate`: on the Gowalla-shaped synthetic Adam at 0.01 levelled
@@ -132,17 +133,17 @@ def build_model(args, items: int):
     columns = rk.layers.FeatureColumns([rk.features.Categorical("user_id", dim=args.dim),
                                         rk.features.Categorical("item_id", dim=args.dim)])
     negatives = rk.retrieval.NegativeSampler(np.arange(items), num_negatives=args.negatives)
-    model = rk.models.two_tower(columns, ["user_id"], ["item_id"], query_units=(),
-                                candidate_units=(), loss="cosine_contrastive",
-                                margin=args.margin, negative_weight=args.negative_weight,
-                                negatives=negatives)
+    model = rk.models.two_tower(columns, ["user_id"], ["item_id"],
+                                query_units=tuple(args.units), candidate_units=tuple(args.units),
+                                loss=args.loss, margin=args.margin,
+                                negative_weight=args.negative_weight, negatives=negatives)
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   embedding_optimizer=EMBEDDING_OPTIMIZERS[args.embedding_optimizer](
                       args.learning_rate))
     return model
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="a directory with LightGCN-format train.txt and "
                         "test.txt (default: a generated Gowalla-shaped synthetic)")
@@ -155,11 +156,19 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=0.9)
     parser.add_argument("--negative-weight", type=float, default=150.0)
     parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--units", type=int, nargs="*", default=[],
+                        help="tower widths of both sides (default: none, MF)")
+    parser.add_argument("--loss", default="cosine_contrastive",
+                        choices=("softmax", "bpr", "cosine_contrastive"))
     parser.add_argument("--embedding-optimizer", default="rowwise_adagrad",
                         choices=sorted(EMBEDDING_OPTIMIZERS))
     parser.add_argument("--learning-rate", type=float, default=0.1,
                         help="the tables' optimizer's")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(args.data) if args.data else Path(scratch)
         if not args.data:

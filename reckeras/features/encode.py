@@ -29,6 +29,7 @@ feature, before any table row can change:
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from collections.abc import Sequence as _Sequence
 from typing import Any, NamedTuple
 
@@ -330,6 +331,56 @@ def _sequence_weights(spec, column, lengths, take, valid):
     padded = np.zeros(take.shape, dtype=np.float32)
     padded[valid] = values[take[valid]]
     return padded
+
+
+def with_absent_columns(specs: _Sequence[Any], batch: Any,
+                        absent: Collection[str]) -> pa.Table:
+    """The batch as a Table, with a null column of the right type for each
+    feature of `absent` whose column it lacks (read as all missing).
+
+    Args:
+        specs: the feature specs.
+        batch: pyarrow RecordBatch or Table, or dict of array-likes.
+        absent: names of features whose columns may be lacking.
+
+    Returns:
+        The Table.
+
+    Example:
+
+    ```python
+    specs = [rk.features.Categorical("user", dim=8), rk.features.Categorical("item", dim=8)]
+    with_absent_columns(specs, {"user": [1, 2]}, ["item"]).column("item").null_count  # 2
+    ```
+    """
+    table = as_table(batch)
+    rows = table.num_rows
+    for spec in specs:
+        if spec.name not in absent:
+            continue
+        for name, type_ in _column_types(spec):
+            if name not in table.column_names:
+                table = table.append_column(name, pa.nulls(rows, type_))
+    return table
+
+
+def _column_types(spec: Any) -> list[tuple[str, pa.DataType]]:
+    """The columns a feature reads, each with a type it accepts."""
+    if isinstance(spec, Numeric):
+        return [(spec.name, pa.list_(pa.float32()) if spec.shape else pa.float32())]
+    if isinstance(spec, Categorical):
+        number = spec.boundaries is not None
+        return [(spec.name, pa.float32() if number else _id_type(spec))]
+    if isinstance(spec, Sequence):
+        columns = [(spec.name, pa.list_(_id_type(spec)))]
+        if spec.weights is not None:
+            columns.append((spec.weights, pa.list_(pa.float32())))
+        return columns
+    return []                      # a Cross reads its members' columns
+
+
+def _id_type(spec: Any) -> pa.DataType:
+    return pa.string() if spec.dtype == "string" else pa.int64()
 
 
 def encode(specs: _Sequence[Any],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import keras
@@ -145,11 +145,14 @@ class FeatureColumns(keras.layers.Layer):
 
     # ---- host side -----------------------------------------------------------
 
-    def encode(self, batch: Any) -> dict:
+    def encode(self, batch: Any, absent: Collection[str] = ()) -> dict:
         """Validates and encodes a raw batch into the numpy model inputs.
 
         Args:
             batch: pyarrow RecordBatch/Table or a dict of array-likes.
+            absent: features whose columns the batch may lack: a lacking
+                one is read as all missing (a model that ignores them,
+                such as a two-tower's query side, `rk.Model.unread_features`).
 
         Returns:
             dict of numpy arrays keyed by feature name.
@@ -157,6 +160,8 @@ class FeatureColumns(keras.layers.Layer):
         Raises:
             reckeras.features.FeatureInputError: naming the feature at fault.
         """
+        if absent:
+            batch = encoding.with_absent_columns(self.specs, batch, absent)
         return encoding.encode(self.specs, batch)
 
     def adapt(self, batches: Iterable) -> None:

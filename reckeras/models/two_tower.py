@@ -432,8 +432,9 @@ class QueryTower(Model):
 
     `TwoTower.query_model()` makes it from the two-tower's own layers
     (trained together, saved apart): `predict` returns the `[B, D]`
-    L2-normalized query embeddings. It reads the columns of both sides,
-    the candidate ones unused (null is fine).
+    L2-normalized query embeddings. Its data needs the query side's
+    columns only: the candidate side's are unread (`unread_features`), so
+    they may be absent or null.
 
     Args:
         columns: the two-tower's `rk.layers.FeatureColumns`.
@@ -456,6 +457,11 @@ class QueryTower(Model):
         self.columns, self.embedding, self.tower = columns, embedding, tower
         self.query_features = list(query_features)
         self._side = _side_columns(columns, self.query_features)
+
+    @property
+    def unread_features(self) -> tuple[str, ...]:
+        """The candidate side's features (see `rk.Model.unread_features`)."""
+        return tuple(s.name for s in self.columns.specs if s.name not in self.query_features)
 
     def call(self, inputs: dict, training: bool = False) -> torch.Tensor:
         dense, sparse = _keras_compat.call_built(self.columns, inputs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -244,7 +244,7 @@ def _column_values(batch, name, role):
 
 
 def to_tensors(columns: Any, batch: Any, targets: Targets,
-               device: torch.device | str = "cpu") -> tuple:
+               device: torch.device | str = "cpu", unread: Collection[str] = ()) -> tuple:
     """`(inputs, labels, weights)` torch tensors of one raw batch.
 
     `labels` is None when `targets.label` is None, and a dict `{output
@@ -257,11 +257,13 @@ def to_tensors(columns: Any, batch: Any, targets: Targets,
         targets: the label and weight columns to read.
         device: device of the tensors (the pipeline keeps them on the host
             and copies them in its h2d stage, `device_copy`).
+        unread: features the model ignores, whose columns `batch` may lack
+            (`FeatureColumns.encode`'s `absent`).
 
     Returns:
         `(dict of input tensors, labels or None, weights or None)`.
     """
-    inputs = as_tensors(columns.encode(batch))
+    inputs = as_tensors(columns.encode(batch, absent=unread))
     labels: dict[str, np.ndarray] | np.ndarray | None
     if isinstance(targets.label, dict):
         labels = {output: _labels(batch, column, column in targets.binary)

@@ -119,7 +119,8 @@ def epoch_stream(model: keras.Model, data: Any, batch_size: int, steps: int,
     """
     return streams.EpochStream(model.feature_columns, fed_layers(model), data, batch_size,
                                steps, targets, training, shuffle=shuffle, seed=seed,
-                               pipeline=pipeline, prefetch_depth=prefetch_depth, skip=skip)
+                               pipeline=pipeline, prefetch_depth=prefetch_depth, skip=skip,
+                               unread=model.unread_features)
 
 
 def prepare_to_train(model: keras.Model, data: Any, batch_size: int) -> None:

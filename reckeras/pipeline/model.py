@@ -99,7 +99,8 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         # inputs' LENGTHS) is encoded first, as `predict` encodes it; encoded
         # and symbolic inputs go to Keras as they are.
         if args and self._is_raw_batch(args[0]):
-            args = (self.feature_columns.encode(args[0]), *args[1:])
+            args = (self.feature_columns.encode(args[0], absent=self.unread_features),
+                    *args[1:])
         return super().__call__(*args, **kwargs)
 
     def _is_raw_batch(self, x: Any) -> bool:
@@ -119,6 +120,14 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
                 layer for layer in _keras_compat.walk_layers(self)
                 if isinstance(layer, kind)]
         return self._layers_by_kind[kind.__qualname__]
+
+    @property
+    def unread_features(self) -> tuple[str, ...]:
+        """Features of the FeatureColumns that this model's outputs do not
+        read; data given to `predict`, `evaluate`, `fit` or a call may lack
+        their columns (read as missing). None here; a two-tower's
+        `query_model()` names the candidate side's."""
+        return ()
 
     @property
     def feature_columns(self) -> FeatureColumns:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -130,6 +130,8 @@ class EpochStream:
         skip: leave out the first `skip` of the `steps` batches (a resumed
             epoch's batches trained before its backup, `rk.Model.resume_at`):
             they are read and dropped before the first stage.
+        unread: features the model ignores, whose columns the data may
+            lack (`rk.Model.unread_features`).
 
     Example:
 
@@ -144,7 +146,8 @@ class EpochStream:
 
     def __init__(self, columns: Any, fed_layers: list, data: Any, batch_size: int, steps: int,
                  targets: Targets, training: bool, shuffle: bool = False, seed: int = 0,
-                 pipeline: bool | str = "auto", prefetch_depth: int = 2, skip: int = 0):
+                 pipeline: bool | str = "auto", prefetch_depth: int = 2, skip: int = 0,
+                 unread: Collection[str] = ()):
         world = distributed.world()
         device = _keras_compat.keras_device()
         on_gpu = device.type == "cuda"
@@ -154,7 +157,7 @@ class EpochStream:
             return batch
 
         def encode(table):
-            inputs, labels, weights = to_tensors(columns, table, targets)
+            inputs, labels, weights = to_tensors(columns, table, targets, unread=unread)
             batch = PreparedBatch(table.num_rows, inputs, labels, weights)
             # On a GPU the features are packed by the h2d stage, on the device.
             return batch if on_gpu else pack(batch)

@@ -34,14 +34,9 @@ from reckeras.metrics import RecallAtK
 from reckeras.retrieval.topk import DEFAULT_CHUNK_SIZE, all_gather_top_k, exact_top_k
 
 
-def _query_table(model: Any, queries: Any) -> pa.Table:
-    """The queries as a Table, the candidate side's missing columns null (the
-    query tower reads both sides' columns and ignores the candidate ones)."""
-    table = queries.to_table() if hasattr(queries, "to_table") else as_table(queries)
-    for name in model.candidate_features:
-        if name not in table.column_names:
-            table = table.append_column(name, pa.nulls(table.num_rows))
-    return table
+def _query_table(queries: Any) -> pa.Table:
+    """The queries as a Table (a dataset read whole)."""
+    return queries.to_table() if hasattr(queries, "to_table") else as_table(queries)
 
 
 def _positions(values: Any, rows: int, what: str) -> torch.Tensor:
@@ -131,7 +126,7 @@ def evaluate(model: Any, queries: Any, candidate_ids: Any, relevant: Any,
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"rk.retrieval.evaluate: batch_size must be a positive int, "
                          f"got {batch_size!r}")
-    table = _query_table(model, queries)
+    table = _query_table(queries)
     relevant = _positions(relevant, table.num_rows, "relevant")
     exclude = None if exclude is None else _positions(exclude, table.num_rows, "exclude")
     device = _keras_compat.keras_device()
@@ -151,7 +146,8 @@ def evaluate(model: Any, queries: Any, candidate_ids: Any, relevant: Any,
         for start in range(0, table.num_rows, batch_size):
             rows = slice(start, start + batch_size)
             inputs = {name: tensor.to(device) for name, tensor in
-                      as_tensors(columns.encode(table.slice(start, batch_size))).items()}
+                      as_tensors(columns.encode(table.slice(start, batch_size),
+                                                 absent=query_model.unread_features)).items()}
             vectors = query_model(inputs, training=False)
             local = exact_top_k(vectors, corpus, ranked,
                                 exclude=None if exclude is None else exclude[rows],

@@ -63,3 +63,11 @@ def test_the_plain_metrics_equal_rk_metrics(seed):
                           (rk.metrics.NDCGAtK(matching.K), ndcg)):
         metric.update_state(unique.numpy(), top.numpy())
         assert float(metric.result()) == pytest.approx(value, rel=1e-5)
+
+
+def test_towers_and_another_loss_build_the_asked_model(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["matching.py", "--units", "16", "8", "--loss", "softmax"])
+    parser_args = matching.parse_args()
+    model = matching.build_model(parser_args, items=40)
+    assert model.loss_name == "softmax"
+    assert tuple(model.query_units) == tuple(model.candidate_units) == (16, 8)

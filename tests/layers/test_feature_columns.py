@@ -65,6 +65,32 @@ def test_missing_input_raises_with_name():
         columns({"n1": torch.zeros(2), "n2": torch.zeros(2), "c": torch.zeros(2, dtype=torch.int64)})
 
 
+def test_absent_columns_encode_as_missing_values():
+    """`encode(absent=...)`: a named column the batch lacks is read as all
+    missing, as a null column is; a lacking column not named still fails."""
+    columns = make_columns()
+    present = {"n1": [1.0, 2.0], "c": [3, 4]}
+    nulls = {**present, "n2": pa.nulls(2, pa.float64()), "s": pa.nulls(2, pa.list_(pa.int64()))}
+    encoded = columns.encode(present, absent=("n2", "s", "c"))
+    expected = columns.encode(nulls)
+    assert encoded.keys() == expected.keys()
+    for name, values in expected.items():
+        np.testing.assert_array_equal(encoded[name], values, err_msg=name)
+    assert np.isnan(encoded["n2"]).all()             # missing: the model fills its default
+    assert encoded[rk.features.LENGTHS][:, 1].tolist() == [0, 0]   # s: empty rows
+    with pytest.raises(rk.features.FeatureInputError, match="'s'"):
+        columns.encode(present, absent=("n2",))
+    # String ids, a weighted sequence (two columns) and a vector.
+    other = rk.layers.FeatureColumns([
+        rk.features.Categorical("site", dim=4, dtype="string"),
+        rk.features.Sequence("tags", dim=4, max_len=2, weights="tag_weights"),
+        rk.features.Numeric("v", shape=(3,)), rk.features.Categorical("k", dim=4)])
+    encoded = other.encode({"k": [1, 2]}, absent=("site", "tags", "v"))
+    # LENGTHS: the id Categoricals (site, k), then the Sequences (tags).
+    assert encoded[rk.features.LENGTHS].tolist() == [[0, 1, 0], [0, 1, 0]]
+    assert np.isnan(encoded["v"]).all()
+
+
 def test_config_round_trip():
     columns = make_columns()
     again = rk.layers.FeatureColumns.from_config(columns.get_config())

@@ -209,3 +209,24 @@ def test_bad_options_are_refused_naming_the_model():
     with pytest.raises(ValueError, match="compile it without loss="):
         model.compile(optimizer="adam", loss="mse",
                       embedding_optimizer=rk.optimizers.SGD(0.1))
+
+
+def test_query_model_reads_data_without_the_candidate_columns():
+    """`query_model()` needs the query side's columns only: predict, evaluate
+    and a call on a dict of them give what the same rows with a null
+    candidate column give."""
+    keras.utils.set_random_seed(3)
+    train, _, _, _ = teacher()
+    model = compiled(rk.models.two_tower(columns(8), ["user", "age"], ["item"],
+                                         query_units=(8,)))
+    model.fit(train.slice(0, 1000), batch_size=100, verbose=0)
+    query_model = model.query_model()
+    assert query_model.unread_features == ("item",)
+    expected = queries(model)
+    only_query = {"user": np.arange(USERS), "age": AGES}
+    np.testing.assert_array_equal(query_model.predict(only_query, verbose=0), expected)
+    np.testing.assert_allclose(query_model(only_query).detach().cpu().numpy(), expected,
+                               rtol=1e-6, atol=1e-7)
+    # A column the query side reads is still required, named.
+    with pytest.raises(rk.features.FeatureInputError, match="'age'"):
+        query_model.predict({"user": np.arange(USERS)}, verbose=0)
