@@ -61,17 +61,27 @@ class FeatureInputError(ValueError):
     """
 
 
+def is_dataframe(x: Any) -> bool:
+    """Whether `x` is a pandas DataFrame (pandas is not imported for it)."""
+    return type(x).__module__.split(".")[0] == "pandas" and \
+        type(x).__name__ == "DataFrame"
+
+
 def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
     """A pyarrow Table of a raw batch.
 
-    A 2-D numpy array in a dict becomes a fixed-size list column (full
+    A pandas DataFrame becomes a Table of its columns (`pyarrow.Table.from_pandas`:
+    its index is dropped, a float NaN and `None` are missing values, a
+    categorical column is dictionary-encoded). A 2-D numpy array in a dict
+    becomes a fixed-size list column (full
     sequences, or the vectors of a `Numeric` of `shape=(k,)`), a 2-D
     `numpy.ma.MaskedArray` a list column of each row's unmasked values in
     order (masked entries are padding: ragged sequences as a padded
     array); other values go through `pyarrow.array`.
 
     Args:
-        batch: a pyarrow RecordBatch or Table, or a dict of array-likes.
+        batch: a pyarrow RecordBatch or Table, a pandas DataFrame, or a
+            dict of array-likes.
 
     Returns:
         A `pyarrow.Table` (the batch itself when it is one).
@@ -95,6 +105,8 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
         return batch
     if isinstance(batch, pa.RecordBatch):
         return pa.Table.from_batches([batch])
+    if is_dataframe(batch):
+        return pa.Table.from_pandas(batch, preserve_index=False)
     if isinstance(batch, dict):
         columns = {}
         for name, values in batch.items():
@@ -113,8 +125,8 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
                 values = pa.array(np.asarray(values) if np.ndim(values) else values)
             columns[name] = values
         return pa.table(columns)
-    raise TypeError(f"a batch must be a pyarrow RecordBatch/Table or a dict of "
-                    f"arrays, got {type(batch).__name__}")
+    raise TypeError(f"a batch must be a pyarrow RecordBatch/Table, a pandas DataFrame "
+                    f"or a dict of arrays, got {type(batch).__name__}")
 
 
 def _python_column(name: str, values: list | tuple) -> pa.Array:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from reckeras.features.encode import FeatureInputError, as_table, as_tensors
+from reckeras.features.encode import FeatureInputError, as_table, as_tensors, is_dataframe
 from reckeras.pipeline.batch_sources import SourceBatches, is_batch_source
 from reckeras.pipeline.label_columns import LABEL_COLUMN, WEIGHT_COLUMN, label_column
 
@@ -127,7 +127,8 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
     `num_batches` and `label` (its label column, `{output: column}`, or None).
 
     Args:
-        x: a reckeras dataset, a pyarrow Table, a dict of array-likes, or a
+        x: a reckeras dataset, a pyarrow Table, a pandas DataFrame, a dict
+            of array-likes, or a
             `keras.utils.PyDataset` or torch `DataLoader` of batches
             (`batch_sources.SourceBatches`).
         y: labels for in-memory `x` without a `label` column: an array of
@@ -155,9 +156,9 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None,
             raise ValueError("sample_weight for a dataset must name one of its columns; "
                              "an array of weights needs in-memory x (a dict or a Table)")
         return x, weight_column
-    if not isinstance(x, (dict, pa.Table, pa.RecordBatch)):
+    if not isinstance(x, (dict, pa.Table, pa.RecordBatch)) and not is_dataframe(x):
         raise TypeError(f"x must be a reckeras dataset (rk.datasets.load, from_parquet, "
-                        f"...), a pyarrow Table, a dict of arrays, a "
+                        f"...), a pyarrow Table, a pandas DataFrame, a dict of arrays, a "
                         f"keras.utils.PyDataset or a torch DataLoader, got "
                         f"{type(x).__name__}; generators and tf.data datasets are not "
                         f"read (a generator can be read only once): wrap the batches "

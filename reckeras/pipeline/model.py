@@ -8,6 +8,7 @@ import keras
 import pyarrow as pa
 
 from reckeras import _keras_compat
+from reckeras.features.encode import is_dataframe
 from reckeras.features.specs import LENGTHS
 from reckeras.layers.feature_columns import FeatureColumns
 from reckeras.layers.sharded_embedding import ShardedEmbedding
@@ -104,7 +105,7 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         return super().__call__(*args, **kwargs)
 
     def _is_raw_batch(self, x: Any) -> bool:
-        if isinstance(x, (pa.Table, pa.RecordBatch)):
+        if isinstance(x, (pa.Table, pa.RecordBatch)) or is_dataframe(x):
             return True
         if not isinstance(x, dict) or LENGTHS in x or not self._layers_of(FeatureColumns):
             return False

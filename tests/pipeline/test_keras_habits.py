@@ -205,3 +205,36 @@ def test_loss_scaling_is_refused_at_compile():
     with pytest.raises(ValueError, match="loss scaling"):
         model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
             keras.optimizers.Adam()), loss="binary_crossentropy", embedding_optimizer="sgd")
+
+
+def test_pandas_dataframes_train_evaluate_and_predict_as_their_table():
+    """A DataFrame (and Series labels and weights) is read as the Table of its
+    columns: NaN and None are missing values, a categorical column is
+    dictionary-encoded, the index is dropped."""
+    pd = pytest.importorskip("pandas")
+    table = synthetic(600)
+    frame = table.to_pandas()
+    frame.index = frame.index * 3 + 7                   # an index that is not 0..n-1
+    frame.loc[frame.index[::5], "n"] = np.nan
+    with_nulls = pa.Table.from_pandas(frame, preserve_index=False)
+    assert with_nulls.column("n").null_count == 120
+    features, labels = frame[["n", "a", "b"]], frame["label"]
+    weights = pd.Series(np.linspace(0.5, 1.5, 600), index=frame.index)
+
+    from_frame = build().fit(features, labels, sample_weight=weights, batch_size=200,
+                             epochs=2, verbose=0, shuffle=False)
+    model = build()
+    x = {name: with_nulls.column(name) for name in ("n", "a", "b")}
+    y = with_nulls.column("label").to_numpy()
+    from_table = model.fit(x, y, sample_weight=weights.to_numpy(), batch_size=200, epochs=2,
+                           verbose=0, shuffle=False)
+    assert from_frame.history == from_table.history
+    np.testing.assert_array_equal(model.predict(features, verbose=0),
+                                  model.predict(with_nulls, verbose=0))
+    assert model.evaluate(frame, verbose=0) == model.evaluate(with_nulls, verbose=0)
+    np.testing.assert_array_equal(model(features).detach().cpu().numpy(),
+                                  model.predict(features, batch_size=600, verbose=0))
+    # A categorical column reads as its values.
+    categorical = features.assign(a=features["a"].astype("category"))
+    np.testing.assert_array_equal(model.predict(categorical, verbose=0),
+                                  model.predict(features, verbose=0))
