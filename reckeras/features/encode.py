@@ -155,7 +155,10 @@ def _is_string(type_: pa.DataType) -> bool:
 
 
 def _is_number(type_: pa.DataType) -> bool:
-    return pa.types.is_integer(type_) or pa.types.is_floating(type_)
+    """Numbers, read as float32: integers, floats, decimals (a warehouse's
+    DECIMAL columns) and booleans (as 0 and 1)."""
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_) \
+        or pa.types.is_decimal(type_) or pa.types.is_boolean(type_)
 
 
 def _is_list(type_: pa.DataType) -> bool:
@@ -166,7 +169,10 @@ def _is_list(type_: pa.DataType) -> bool:
 def _numbers(spec: Any, column: pa.Array) -> np.ndarray:
     if not _is_number(column.type):
         hint = "; declare shape=(k,) for a vector feature" \
-            if isinstance(spec, Numeric) and _is_list(column.type) else ""
+            if isinstance(spec, Numeric) and _is_list(column.type) else \
+            "; a CSV column of numbers is read as text when a missing value is " \
+            "written as text ('NA', 'null'): pass those texts in " \
+            "from_csv(null_values=...)" if _is_string(column.type) else ""
         raise FeatureInputError(f"feature {spec.name!r}: expected a numeric column, "
                                 f"got {column.type}{hint}")
     # Large counts lose precision in float32; that is the documented input type.

@@ -1,5 +1,7 @@
 """Host-side encoding and its errors."""
 
+import decimal
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -92,7 +94,8 @@ def test_dict_input_and_padded_sequences():
 @pytest.mark.parametrize("overrides, message", [
     ({"c": pa.array(["1", "2", "3"])}, "feature 'c' is declared int64 but the column holds strings"),
     ({"s": pa.array([1, 2, 3])}, "feature 's' is declared string"),
-    ({"n": pa.array(["x", "y", "z"])}, "feature 'n': expected a numeric column"),
+    ({"n": pa.array(["x", "y", "z"])}, "feature 'n': expected a numeric column, got "
+                                        "string; .* from_csv\\(null_values=...\\)"),
     ({"n": pa.array([1.0, np.inf, 0.0])}, "feature 'n': column holds \\+-inf"),
     ({"q": pa.array([1, 2, 3])}, "feature 'q': expected a list column"),
     ({"q": pa.array([[1, None], [], []], pa.list_(pa.int64()))}, "feature 'q': null inside"),
@@ -284,6 +287,20 @@ def test_vector_width_one_is_a_column():
 def test_bad_vectors_name_the_feature(values, message):
     with pytest.raises(FeatureInputError, match=message):
         encode([rk.features.Numeric("n"), VECTOR], {"n": np.zeros(len(values)), "v": values})
+
+
+def test_booleans_and_decimals_are_numbers():
+    """A bool column reads as 0 and 1, a decimal one as its float32 value;
+    nulls stay missing (NaN) in both."""
+    specs = [rk.features.Numeric("flag"), rk.features.Numeric("price"),
+             rk.features.Numeric("v", shape=(2,))]
+    prices = pa.array([decimal.Decimal("1.25"), None, decimal.Decimal("-3.5")],
+                      pa.decimal128(6, 2))
+    out = encode(specs, {"flag": pa.array([True, False, None]), "price": prices,
+                         "v": pa.array([[True, False], None, [False, True]])})
+    np.testing.assert_array_equal(out["flag"], [1.0, 0.0, np.nan])
+    np.testing.assert_array_equal(out["price"], [1.25, np.nan, -3.5])
+    np.testing.assert_array_equal(out["v"], [[1.0, 0.0], [np.nan, np.nan], [0.0, 1.0]])
 
 
 def test_a_scalar_numeric_given_vectors_says_to_declare_a_shape():
