@@ -62,7 +62,20 @@ class FeatureInputError(ValueError):
 
 
 def is_dataframe(x: Any) -> bool:
-    """Whether `x` is a pandas DataFrame (pandas is not imported for it)."""
+    """Whether `x` is a pandas DataFrame (pandas is not imported for it).
+
+    Args:
+        x: any object.
+
+    Returns:
+        True for a `pandas.DataFrame`.
+
+    Example:
+
+    ```python
+    is_dataframe(pa.table({"a": [1]}))    # False
+    ```
+    """
     return type(x).__module__.split(".")[0] == "pandas" and \
         type(x).__name__ == "DataFrame"
 
