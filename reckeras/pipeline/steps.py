@@ -107,6 +107,12 @@ def train_step(model: keras.Model, data: tuple) -> dict:
             scaled.backward()
         trainable = model.trainable_weights[:]
         gradients = [v.value.grad for v in trainable]
+        if model.loss is None and trainable and all(g is None for g in gradients):
+            # Keras's message for a model without a loss; here the tables'
+            # regularization can be the only loss, and it reaches no dense weight.
+            raise ValueError("No loss to compute for the dense weights. Provide a `loss` "
+                             "argument in `compile()` (the embedding regularizers' "
+                             "penalty alone trains no dense weight)")
         if not guard.step_is_finite(loss, gradients, updates):
             return _refuse_step(model, loss, gradients, trainable, updates)
         assigned.commit(model)

@@ -121,3 +121,26 @@ def test_skip_equals_training_without_the_bad_batch(batch_norm):
 def test_nonfinite_policy_is_validated():
     with pytest.raises(ValueError, match="nonfinite must be one of"):
         build(nonfinite="ignore")
+
+
+def test_a_model_without_a_loss_says_so_and_changes_nothing():
+    """compile() without a loss, the tables' regularization the only loss:
+    Keras's 'Provide a `loss`' message (not the optimizer's 'No gradients'),
+    and the step changes no weight, optimizer variable or row."""
+    keras.utils.set_random_seed(0)
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=4),
+                                        rk.features.Categorical("b", dim=4)])
+    model = rk.models.dlrm(columns, bottom_units=(8, 4), top_units=(8, 1),
+                           embedding_l2=1e-4)
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  embedding_optimizer=rk.optimizers.RowWiseAdagrad(0.1))
+    data = synthetic(256)
+    model.predict(data, verbose=0)                     # creates nothing; builds the model
+    before = state(model)
+    with pytest.raises(ValueError, match="Provide a `loss` argument in `compile\\(\\)`"):
+        model.fit(data, batch_size=128, verbose=0)
+    after = state(model)
+    assert_unchanged(before[:2] + ([],), after[:2] + ([],))
+    for table in after[2]:
+        assert (table.state == table.state.flat[0]).all()    # never updated
