@@ -19,7 +19,8 @@ with no tower on either side (`query_units=()`, `candidate_units=()`: each
 side is its L2-normalized `--dim` embedding; `--units` gives both sides a
 tower, `--loss` another loss), the cosine contrastive loss
 (`--margin`, `--negative-weight`) over `--negatives` uniform negatives from
-the item corpus, RowWiseAdagrad at 0.1 on the tables (`--embedding-optimizer`,
+the item corpus and no in-batch ones (`in_batch_negatives=False`, as SimpleX;
+`--in-batch-negatives` adds them), RowWiseAdagrad at 0.1 on the tables (`--embedding-optimizer`,
 `--learning-rate`: on the Gowalla-shaped synthetic Adam at 0.01 levelled
 off lower, 0.061 against 0.064 at epochs 20-24, though on a 6,000-user one
 it ended higher, 0.055 against 0.049). After each `--eval-every`
@@ -136,7 +137,8 @@ def build_model(args, items: int):
     model = rk.models.two_tower(columns, ["user_id"], ["item_id"],
                                 query_units=tuple(args.units), candidate_units=tuple(args.units),
                                 loss=args.loss, margin=args.margin,
-                                negative_weight=args.negative_weight, negatives=negatives)
+                                negative_weight=args.negative_weight, negatives=negatives,
+                                in_batch_negatives=args.in_batch_negatives)
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   embedding_optimizer=EMBEDDING_OPTIMIZERS[args.embedding_optimizer](
                       args.learning_rate))
@@ -156,6 +158,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--margin", type=float, default=0.9)
     parser.add_argument("--negative-weight", type=float, default=150.0)
     parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--in-batch-negatives", action="store_true",
+                        help="the batch's other items are negatives too (default: the "
+                        "sampled ones only, as SimpleX)")
     parser.add_argument("--units", type=int, nargs="*", default=[],
                         help="tower widths of both sides (default: none, MF)")
     parser.add_argument("--loss", default="cosine_contrastive",

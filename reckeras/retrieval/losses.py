@@ -94,7 +94,8 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
         if log_q is None:
             logits = scores * (1.0 / temperature)
         else:
-            logits = torch.add(log_q[None, :].to(scores.dtype).neg(), scores,
+            per_column = log_q[None, :] if log_q.ndim == 1 else log_q
+            logits = torch.add(per_column.to(scores.dtype).neg(), scores,
                                alpha=1.0 / temperature)
         logits[hit_rows, hit_columns] = torch.finfo(logits.dtype).min
         positive = logits.gather(1, positive_index[:, None])
@@ -106,6 +107,7 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
             - probabilities.amax(dim=1, keepdim=True).log()
         ctx.save_for_backward(probabilities, positive_index)
         ctx.temperature = temperature
+        ctx.log_q_per_column = log_q is not None and log_q.ndim == 1
         return (log_sum_exp - positive)[:, 0]
 
     @staticmethod
@@ -119,7 +121,9 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
         grad_scores.scatter_add_(1, positive_index[:, None], scale.neg())
         grad_log_q = None
         if ctx.needs_input_grad[3]:
-            grad_log_q = grad_scores.sum(0).mul_(-ctx.temperature)
+            grad_log_q = grad_scores.mul(-ctx.temperature)
+            if ctx.log_q_per_column:
+                grad_log_q = grad_log_q.sum(0)
         return grad_scores, None, None, grad_log_q, None, None
 
 
@@ -138,8 +142,9 @@ def sampled_softmax_loss(scores: torch.Tensor, positive_index: torch.Tensor,
         scores: float `[B, N]`.
         positive_index: int64 `[B]`, the column of each row's positive.
         temperature: divides the scores (`> 0`).
-        log_q: float `[N]`, each candidate's log sampling probability, or
-            None for no correction.
+        log_q: float `[N]`, each candidate's log sampling probability
+            (or `[B, N]`, one per cell, where a column's candidate differs
+            by row), or None for no correction.
         hits: `(rows, columns)` from `accidental_hits`, or None.
 
     Returns:

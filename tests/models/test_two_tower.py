@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 import reckeras as rk
 
@@ -161,6 +162,49 @@ def test_in_batch_loss_equals_the_reference_softmax():
     assert logs["loss"] == pytest.approx(np.mean(expected), rel=1e-5)
 
 
+@pytest.mark.parametrize("loss", ["cosine_contrastive", "softmax", "bpr"])
+def test_without_in_batch_negatives_a_row_sees_its_positive_and_the_sampled(loss):
+    """in_batch_negatives=False: row i's candidates are its own positive and
+    the sampled ids, an id equal to its positive left out; the softmax's
+    log q is the estimate's for the positive, the sampler's for the rest."""
+    keras.utils.set_random_seed(6)
+    sampler = rk.retrieval.NegativeSampler(np.arange(8), num_negatives=5)
+    model = compiled(rk.models.two_tower(
+        rk.layers.FeatureColumns([F.Categorical("user", dim=4),
+                                  F.Categorical("item", dim=4)]),
+        ["user"], ["item"], query_units=(4,), loss=loss, temperature=0.5, margin=0.1,
+        negative_weight=3.0, negatives=sampler, in_batch_negatives=False))
+    data = pa.table({"user": np.arange(6), "item": np.array([3, 4, 3, 5, 6, 4])})
+    model.fit(data, batch_size=6, verbose=0)               # builds; rows exist
+    x = {name: torch.as_tensor(value) for name, value in
+         model.feature_columns.encode(data).items()}
+    y_pred = model(x, training=True)
+    total = float(model.compute_loss(x=x, y_pred=y_pred, training=False).detach())
+    query, own = (y_pred[k].detach().cpu().numpy() for k in ("query", "candidate"))
+    sampled = y_pred["negative"].detach().cpu().numpy()
+    sampled_ids = y_pred["negative_ids"].cpu().numpy()
+    sampled_log_q = y_pred["negative_log_q"].cpu().numpy()
+    items = data.column("item").to_numpy().copy()
+    assert set(items) & set(sampled_ids)                    # some accidental hits
+    own_log_q = model.frequency.log_probability(torch.as_tensor(items)).numpy() \
+        if model.frequency is not None else np.zeros(6)
+    rows = []
+    for i in range(6):
+        positive = float(query[i] @ own[i])
+        kept = [j for j in range(5) if sampled_ids[j] != items[i]]
+        negatives = np.array([float(query[i] @ sampled[j]) for j in kept])
+        if loss == "cosine_contrastive":
+            rows.append(1 - positive + 3.0 * np.mean(np.maximum(negatives - 0.1, 0.0))
+                        if kept else 1 - positive)
+        elif loss == "bpr":
+            rows.append(np.mean(np.log1p(np.exp(-(positive - negatives)))) if kept else 0.0)
+        else:
+            logits = np.concatenate([[positive / 0.5 - own_log_q[i]],
+                                     negatives / 0.5 - sampled_log_q[kept]])
+            rows.append(np.log(np.sum(np.exp(logits))) - logits[0])
+    assert total == pytest.approx(np.mean(rows), rel=1e-5)
+
+
 def test_the_table_penalty_counts_once_per_step():
     # The inner layers run without Keras's __call__ (call_built): their
     # added losses must still be cleared by the model's own call each step.
@@ -205,6 +249,11 @@ def test_bad_options_are_refused_naming_the_model():
             F.Categorical("user", dim=4), F.Categorical("item", dim=4),
             F.Categorical("brand", dim=4)]), ["user"], ["item", "brand"],
             negatives=sampler)
+    with pytest.raises(ValueError, match="in_batch_negatives=False leaves the sampled "
+                                         "negatives only: pass a"):
+        rk.models.two_tower(columns(), ["user"], ["item"], in_batch_negatives=False)
+    with pytest.raises(ValueError, match="in_batch_negatives must be a bool"):
+        rk.models.two_tower(columns(), ["user"], ["item"], in_batch_negatives="no")
     model = rk.models.two_tower(columns(), ["user"], ["item"])
     with pytest.raises(ValueError, match="compile it without loss="):
         model.compile(optimizer="adam", loss="mse",

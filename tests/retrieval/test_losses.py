@@ -80,6 +80,30 @@ def test_sampled_softmax_with_temperature_logq_and_hits():
     np.testing.assert_allclose(loss.numpy(), expected, rtol=1e-5)
 
 
+def test_sampled_softmax_takes_a_log_q_per_cell():
+    """`log_q` of shape `[B, N]` corrects each cell by its own value (a
+    column whose candidate differs by row); its gradient is per cell."""
+    scores, ids, pos = case()
+    rng = np.random.default_rng(5)
+    log_q = np.log(rng.uniform(0.01, 0.9, size=scores.shape)).astype(np.float32)
+    hits = hits_reference(ids, pos)
+    log_q_tensor = torch.tensor(log_q, requires_grad=True)
+    loss = R.sampled_softmax_loss(*[torch.tensor(a) for a in (scores, pos)],
+                                  temperature=0.5, log_q=log_q_tensor, hits=hit_pairs(hits))
+    expected = []
+    for i in range(len(pos)):
+        logits = [scores[i, j] / 0.5 - log_q[i, j] for j in range(scores.shape[1])
+                  if not hits[i, j]]
+        expected.append(np.log(np.sum(np.exp(logits))) - (scores[i, pos[i]] / 0.5
+                                                           - log_q[i, pos[i]]))
+    np.testing.assert_allclose(loss.detach().numpy(), expected, rtol=1e-5)
+    loss.sum().backward()
+    plain = torch.tensor(scores) / 0.5 - torch.tensor(log_q)
+    plain = plain.masked_fill(torch.tensor(hits), -torch.inf).requires_grad_()
+    torch.nn.functional.cross_entropy(plain, torch.tensor(pos), reduction="sum").backward()
+    np.testing.assert_allclose(log_q_tensor.grad.numpy(), -plain.grad.numpy(), atol=1e-6)
+
+
 def test_sampled_softmax_without_corrections_is_plain_cross_entropy():
     scores, _, pos = case(1)
     loss = R.sampled_softmax_loss(torch.tensor(scores), torch.tensor(pos))
