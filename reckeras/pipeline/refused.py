@@ -11,6 +11,7 @@ message naming what to use instead; `docs/keras_api.md` lists what works.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from reckeras import _keras_compat, distributed
@@ -122,7 +123,8 @@ class RefusedKerasMethods(_keras_compat.ModelMixin):
         return super().export(*args, **kwargs)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """`keras.Model.save` (tables included); refused under torchrun.
+        """`keras.Model.save` (tables included); refused under torchrun, and
+        to a legacy HDF5 file (`.h5`), which cannot hold the tables.
 
         Args:
             *args: as for `keras.Model.save`.
@@ -135,6 +137,13 @@ class RefusedKerasMethods(_keras_compat.ModelMixin):
         ```
         """
         self._refuse_under_torchrun("save", "save_checkpoint(path)")
+        path = args[0] if args else kwargs.get("filepath")
+        if self.embedding_layers and isinstance(path, (str, os.PathLike)) and \
+                os.fspath(path).lower().endswith((".h5", ".hdf5")):
+            raise NotImplementedError(
+                f"rk.Model does not save to {os.fspath(path)!r}: Keras's legacy HDF5 "
+                f"format holds Keras variables only, not the embedding tables, and "
+                f"cannot be loaded back. Use save('model.keras') instead")
         super().save(*args, **kwargs)
 
     def save_weights(self, *args: Any, **kwargs: Any) -> None:

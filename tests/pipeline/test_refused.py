@@ -30,6 +30,19 @@ def test_methods_blind_to_the_tables_are_refused(model, method, call, instead):
         call(model)
 
 
+@pytest.mark.parametrize("name", ["m.h5", "M.HDF5"])
+def test_a_legacy_hdf5_save_is_refused_and_writes_nothing(model, tmp_path, name):
+    """Keras writes `.h5` in its legacy format, which holds no table and
+    does not load back: refused, no file left."""
+    with pytest.raises(NotImplementedError, match=r"does not save to '.*': Keras's legacy "
+                                                  r"HDF5 format .*embedding tables.*"
+                                                  r"save\('model\.keras'\)"):
+        model.save(tmp_path / name)
+    with pytest.raises(NotImplementedError, match="legacy HDF5"):
+        model.save(filepath=str(tmp_path / name))
+    assert not list(tmp_path.iterdir())
+
+
 @dataclasses.dataclass
 class TwoRanks:
     size: int = 2
