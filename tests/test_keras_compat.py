@@ -218,6 +218,46 @@ def test_declared_inputs_shortcut_keeps_keras_checks_for_other_inputs():
         model({"n": x["n"]})                  # Keras's own message for a missing input
 
 
+def test_declared_inputs_shortcut_clears_every_layers_losses_but_visits_no_input():
+    """Each call starts from no loss: the model's own, its layers' and a
+    nested layer's are cleared (inside a loss-collecting stateless scope
+    too), and no InputLayer is visited."""
+    class Penalized(keras.layers.Layer):
+        def call(self, x):
+            self.add_loss(keras.ops.sum(x))
+            return x
+
+    class Block(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.inner = Penalized()
+
+        def call(self, x):
+            return self.inner(x)
+
+    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
+                                        rk.features.Categorical("a", dim=4)])
+    inputs = columns.inputs()
+    dense, sparse = columns(inputs)
+    embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
+    joined = keras.layers.Concatenate()([dense, embedded])
+    model = rk.Model(inputs, keras.layers.Dense(1)(Block()(Penalized()(joined))))
+    x = tensors()
+    first = [float(keras.ops.convert_to_numpy(v)) for v in (model(x), model.losses)[1]]
+    second = [float(keras.ops.convert_to_numpy(v)) for v in (model(x), model.losses)[1]]
+    assert len(first) == 2 and first == second        # replaced, not accumulated
+    visited = []
+    for layer in model._layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            layer._clear_losses = lambda layer=layer: visited.append(layer.name)
+    model(x)
+    assert visited == [] and len(model.losses) == 2
+    with keras.StatelessScope(collect_losses=True) as scope:
+        model(x)
+        model(x)
+        assert len(scope.losses) == 2                 # the first call's were removed
+
+
 def test_freeze_input_spec_keeps_one_spec_object():
     model, _ = small_model()
     spec = model.input_spec
