@@ -12,13 +12,19 @@ import reckeras as rk
 from reckeras import _keras_compat as compat
 
 
-def small_model():
+def features():
+    """`(columns, inputs, joined)`: `n` and `a`'s embedding, concatenated."""
     columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
                                         rk.features.Categorical("a", dim=4)])
     inputs = columns.inputs()
     dense, sparse = columns(inputs)
     embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
-    hidden = keras.layers.Dense(3, name="hidden")(keras.layers.Concatenate()([dense, embedded]))
+    return columns, inputs, keras.layers.Concatenate()([dense, embedded])
+
+
+def small_model():
+    columns, inputs, joined = features()
+    hidden = keras.layers.Dense(3, name="hidden")(joined)
     return rk.Model(inputs, keras.layers.Dense(1)(hidden)), columns
 
 
@@ -235,12 +241,7 @@ def test_declared_inputs_shortcut_clears_every_layers_losses_but_visits_no_input
         def call(self, x):
             return self.inner(x)
 
-    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
-                                        rk.features.Categorical("a", dim=4)])
-    inputs = columns.inputs()
-    dense, sparse = columns(inputs)
-    embedded = rk.layers.ShardedEmbedding(columns, output="concat")(sparse)
-    joined = keras.layers.Concatenate()([dense, embedded])
+    _, inputs, joined = features()
     model = rk.Model(inputs, keras.layers.Dense(1)(Block()(Penalized()(joined))))
     x = tensors()
     first = [float(keras.ops.convert_to_numpy(v)) for v in (model(x), model.losses)[1]]

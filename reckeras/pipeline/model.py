@@ -127,7 +127,14 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         """Features of the FeatureColumns that this model's outputs do not
         read; data given to `predict`, `evaluate`, `fit` or a call may lack
         their columns (read as missing). None here; a two-tower's
-        `query_model()` names the candidate side's."""
+        `query_model()` names the candidate side's.
+
+        Example:
+
+        ```python
+        two_tower_model.query_model().unread_features    # ("item_id",)
+        ```
+        """
         return ()
 
     @property
