@@ -217,7 +217,8 @@ class RowStore(abc.ABC):
     @abc.abstractmethod
     def mark_written(self, rows: torch.Tensor) -> None:
         """Marks rows that an update is about to change (in `index`'s
-        `written_at` and `seen_steps`, see `physical_table`).
+        `tracking`: the generation written and the steps seen, see
+        `physical_table`).
 
         The engine calls it once per update with the update's distinct rows,
         after the step was found finite and before the optimizer runs.
@@ -290,10 +291,10 @@ class RowStore(abc.ABC):
             `{"keys": int64 [n], "weights": [n, dim] in the table's dtype
             (`row_dtypes.numpy_dtype`), "state": float32 [n, width],
             "seen_steps": int32 [n]}` (the training steps each row was seen
-            in), `"tags"` (int32 [n]) where `index` tracks them, and where
-            rows age out by windows `"last_window"` (int32 [n]) and
-            `"window"` (int, the windows ended so far): the fields of a
-            `table_state.TableState`.
+            in, at most 2047: see `physical_table`), `"tags"` (int32 [n])
+            where `index` tracks them, and where rows age out by windows
+            `"last_window"` (int32 [n]) and `"window"` (int, the windows
+            ended so far): the fields of a `table_state.TableState`.
         """
 
     @abc.abstractmethod

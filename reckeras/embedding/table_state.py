@@ -70,8 +70,9 @@ class TableState:
         weights: `[n, dim]` in the table's row dtype
             (`row_dtypes.numpy_dtype`; another dtype converts on load).
         state: float32 `[n, state width]`, the sparse optimizer's state.
-        seen_steps: int32 `[n]`, the training steps each row was seen in
-            (None on load: 0).
+        seen_steps: int32 `[n]`, the training steps each row was seen in,
+            saturating at 2047 (`physical_table.MAX_COUNT`; larger counts
+            load as 2047; None on load: 0).
         tags: int32 `[n]`, each row's logical table (-1: unknown), where
             the layout tracks tags (None on load: unknown).
         last_window: int32 `[n]`, the window each row was last trained in,

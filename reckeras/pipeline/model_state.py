@@ -235,7 +235,8 @@ class ModelStateMethods(_keras_compat.ModelMixin):
             min_count: export only the rows seen in at least this many
                 training steps (the others read zeros at serving, as ids
                 never seen do); None exports every row (a delta keeps its
-                base's). The manifest records it and the rows kept per table.
+                base's). At most 2047: a row's count saturates there. The
+                manifest records it and the rows kept per table.
             base: the directory of this model's latest export (full or
                 delta) to write a delta against; None for a full artifact.
 
@@ -244,7 +245,7 @@ class ModelStateMethods(_keras_compat.ModelMixin):
 
         Raises:
             ValueError: an unknown `rows`, a `min_count` that is not an int
-                >= 1 or None, an embedding layer that does not read the
+                in [1, 2047] or None, an embedding layer that does not read the
                 FeatureColumns' output, or a `base` that is not the model's
                 latest export (or whose `rows`/`min_count` differ).
             NotImplementedError: a subclassed model (it has no graph).

@@ -26,6 +26,7 @@ from safetensors.numpy import save_file
 
 import reckeras
 from reckeras import _keras_compat, distributed
+from reckeras.embedding.physical_table import MAX_COUNT
 from reckeras.features.specs import Categorical, Numeric, Sequence, serialize
 from reckeras.serving import artifact
 
@@ -56,9 +57,10 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
             table's rows exactly; a bfloat16 table's rows are exact in
             `"float32"`). None: `"float32"`, or the base's for a delta.
         min_count: export only the rows seen in at least this many training
-            steps (`PhysicalTable.seen_steps`; each rank filters its own);
-            the others read zeros at serving, as unseen ids do. None: every
-            row (or the base's `min_count` for a delta).
+            steps (`PhysicalTable.seen_counts`; each rank filters its own);
+            the others read zeros at serving, as unseen ids do. At most
+            2047 (`physical_table.MAX_COUNT`): a row's count saturates
+            there. None: every row (or the base's `min_count` for a delta).
         base: the model's latest export (full or delta), to write a delta
             against; None for a full artifact.
 
@@ -67,7 +69,7 @@ def export_serving(model: Any, embedding_layers: list, path: str | os.PathLike,
 
     Raises:
         ValueError: an unknown precision, a `min_count` that is not an int
-            >= 1 or None, an embedding layer that does not read the
+            in [1, 2047] or None, an embedding layer that does not read the
             FeatureColumns' output, or a `base` that is not this model's
             latest export, or whose precision or `min_count` differs from
             the one given.
@@ -149,6 +151,11 @@ def write_artifact(network: ExportedNetwork, path: str | os.PathLike,
             min_count, (int, np.integer)) or min_count < 1):
         raise ValueError(f"export_serving: min_count must be an int >= 1 (the training "
                          f"steps a row was seen in) or None, got {min_count!r}")
+    if min_count is not None and min_count > MAX_COUNT:
+        raise ValueError(f"export_serving: min_count must be at most {MAX_COUNT}: a "
+                         f"row's count of training steps saturates at {MAX_COUNT} "
+                         f"(a row seen in more steps counts {MAX_COUNT}), so "
+                         f"min_count={min_count} would keep no row")
     path = os.fspath(path)
     embedding_layers = network.embedding_layers
     engines = [layer.engine for layer in embedding_layers]

@@ -244,7 +244,7 @@ def test_only_an_applied_update_marks_its_rows_and_counts_each_once(storage,
     def marks():
         tables = engine.table_states()        # host-cached rows written back
         return [(t.weights.astype(np.float64), t.seen_steps.copy(),
-                 s.index.written_at[:s.index.num_rows].numpy().copy())
+                 s.index.written_generations().numpy())
                 for t, s in zip(tables, engine.tables)]
 
     before = marks()

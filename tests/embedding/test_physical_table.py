@@ -84,16 +84,16 @@ def test_a_large_table_grows_in_place(monkeypatch):
     # them; generations start at 1, so 0 would be "never written"), old ones
     # keep their marks.
     assert table.generation >= 1
-    assert bool((table.written_at[grown] == table.generation).all())
-    assert bool((table.written_at[rows] == table.generation).all())
+    assert bool((table.written_generations()[grown] == table.generation).all())
+    assert bool((table.written_generations()[rows] == table.generation).all())
     torch.testing.assert_close(table.weights[grown], initial_rows(
         every[100:], 4, 0.1, 3))
     # Bytes by part count the rows written, not the reservation.
     parts = table.memory_by_part()
     assert parts["rows"] == 5000 * 16 and parts["optimizer_state"] == 5000 * 4
-    # written_at and seen_steps have one entry more: the one row -1 (no
-    # row) writes into.
-    assert parts["keys"] == 5000 * 8 and parts["tracking"] == 5001 * 4 * 2
+    # Tracking (each row's generation and count, one int32) has one entry
+    # more: the one row -1 (no row) writes into.
+    assert parts["keys"] == 5000 * 8 and parts["tracking"] == 5001 * 4
     assert parts["index"] == table.slot_keys.numel() * 16
     assert table.stats()["bytes"] == sum(parts.values())
 

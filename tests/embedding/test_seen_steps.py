@@ -1,4 +1,4 @@
-"""Per-row sighting counts (`PhysicalTable.seen_steps`): one per training
+"""Per-row sighting counts (`PhysicalTable.seen_counts`): one per training
 lookup however often an id occurs, kept through growth, compaction and
 loads, saved in full and delta checkpoints, and 0 for rows of a checkpoint
 saved before rows were counted (format 3)."""
@@ -76,7 +76,7 @@ def test_a_lookup_counts_each_row_once_however_often_it_occurs():
     rows = table.find_or_insert(torch.tensor([10, 20, 30]))
     table.mark_written(torch.cat([rows[[0, 0, 0, 1]], torch.tensor([-1, -1])]))
     table.mark_written(rows[[1, 1]])
-    assert table.seen_steps[rows].tolist() == [1, 2, 0]
+    assert table.seen_counts()[rows].tolist() == [1, 2, 0]
     assert table.export()["seen_steps"].tolist() == [1, 2, 0]
 
 
@@ -93,21 +93,21 @@ def test_counts_survive_growth_compaction_and_load(monkeypatch, reserve_from):
     expected[:40] += 1
     expected[:10] += 1
     rows = table.find(torch.arange(3000))
-    np.testing.assert_array_equal(table.seen_steps[rows].numpy(), expected)
+    np.testing.assert_array_equal(table.seen_counts()[rows].numpy(), expected)
     keep = torch.arange(0, 3000, 3)
     moved = table.compact(keep)
-    np.testing.assert_array_equal(table.seen_steps[moved].numpy(), expected[::3])
+    np.testing.assert_array_equal(table.seen_counts()[moved].numpy(), expected[::3])
     other = PhysicalTable(dim=2)
     other.load(table.export())
     loaded = other.find(torch.arange(0, 3000, 3))
-    np.testing.assert_array_equal(other.seen_steps[loaded].numpy(), expected[::3])
+    np.testing.assert_array_equal(other.seen_counts()[loaded].numpy(), expected[::3])
     exported = table.export()
     del exported["seen_steps"]                     # an export saved before rows were counted
     other.load(exported)
-    assert int(other.seen_steps[:other.num_rows].abs().sum()) == 0
+    assert int(other.seen_counts().abs().sum()) == 0
     # A new row starts at 0 after the loads too.
     new = other.find_or_insert(torch.tensor([10**6]))
-    assert other.seen_steps[new].tolist() == [0]
+    assert other.seen_counts()[new].tolist() == [0]
 
 
 @pytest.mark.parametrize("storage", ["device", "host_cached"])

@@ -1,7 +1,7 @@
 """`export_serving(..., min_count=k)`: only rows seen in at least k training
 steps are exported (hand-counted case of tests/embedding/test_seen_steps.py),
 the manifest records it, a dropped id predicts as an unseen one, and a bad
-min_count is refused."""
+min_count (or one above the 2047 a count saturates at) is refused."""
 
 import json
 import sys
@@ -62,4 +62,12 @@ def test_a_dropped_id_predicts_as_an_unseen_id(model, tmp_path):
 def test_a_bad_min_count_is_refused(model, tmp_path, bad):
     with pytest.raises(ValueError, match="min_count must be an int >= 1"):
         model.export_serving(tmp_path / "m", min_count=bad)
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("above", [2048, 10**6])
+def test_a_min_count_above_the_saturated_count_is_refused(model, tmp_path, above):
+    # A row's count saturates at 2047: no row could reach a larger min_count.
+    with pytest.raises(ValueError, match=f"min_count must be at most 2047.*{above}"):
+        model.export_serving(tmp_path / "m", min_count=above)
     assert not (tmp_path / "m").exists()
