@@ -27,7 +27,7 @@ unmapped and faulted in again, as jemalloc/tcmalloc do; it applies to both
 paths.
 
 ``--bandwidth`` (default on CUDA) adds the achieved bandwidth of the lookup,
-aggregation, update and hash-table kernels, at the ``wide`` and ``huge``
+aggregation, update and key-index kernels, at the ``wide`` and ``huge``
 shapes (``huge``: 1000 fields), against the device's peak (nominal, and a
 measured device-to-device copy), for tables of each of ``--row-dtypes``
 (float32 rows by default; float16 and bfloat16 rows read half the bytes and
@@ -36,8 +36,12 @@ are updated with stochastic rounding).
 Each bandwidth figure is also printed as ``name=value`` lines:
 ``kernel_<shape>_<row dtype>_<kernel>_{us,gbps}`` and, on CUDA,
 ``..._of_peak`` (a fraction of the H200's 4.8 TB/s); ``<kernel>`` is
-``lookup``, ``aggregation``, ``update``, ``aggregation_update``, ``find`` or
-``find_or_insert`` (into an empty map: its initialisation is counted).
+``lookup``, ``aggregation``, ``update``, ``aggregation_update``, ``find``,
+``find_or_insert`` (the open-addressing hash map, ``hash_table``: the
+default key index; into an empty map, its initialisation counted),
+``compact_find`` or ``compact_find_or_insert`` (the same keys in the compact
+bucket index, ``bucket_index``, the opt-in index of a table; into an empty
+index, its arrays sized by ``room_needed``: their initialisation counted).
 
 Usage: ``python benchmarks/kernels.py [--shapes dlrm,wide] [--steps 15]
 [--bandwidth-shapes wide,huge] [--row-dtypes float32,float16,bfloat16]
@@ -52,7 +56,7 @@ import torch
 
 import reckeras  # noqa: F401  (selects the torch backend before keras loads)
 from reckeras._allocator import tune_malloc
-from reckeras.backend_kernels import hash_table, pooling, sparse_optimizers
+from reckeras.backend_kernels import bucket_index, hash_table, pooling, sparse_optimizers
 from reckeras.backend_kernels.aggregation import aggregate_row_grads, unique_rows
 from reckeras.backend_kernels.hashing import mix64
 from reckeras.embedding.engine import EmbeddingEngine
@@ -130,6 +134,32 @@ class FusedEngine:
         pooled = output[0] if isinstance(output, tuple) else output
         pooled.backward(grad)
         return pooled
+
+
+def grown(index, new_keys):
+    """The bucket index with room for ``new_keys`` more keys, as a table of
+    the compact index makes it: each array shorter than ``room_needed`` says
+    copied into a zero-filled one of that size or twice its own, whichever is
+    larger."""
+    capacity, directory_capacity = bucket_index.room_needed(index[4], new_keys)
+
+    def larger(array, size):
+        if array.shape[0] >= size:
+            return array
+        copy = array.new_zeros((max(size, 2 * array.shape[0]), *array.shape[1:]))
+        copy[:array.shape[0]] = array
+        return copy
+
+    digests, slots, depths, directory, shape = index
+    return (larger(digests, capacity), larger(slots, capacity), larger(depths, capacity),
+            larger(directory, directory_capacity), shape)
+
+
+def empty_index(new_keys, device):
+    """An empty bucket index with room for ``new_keys`` keys, and an arena of as
+    many rows."""
+    return (grown(bucket_index.new_index(device=device), new_keys),
+            torch.empty(new_keys, dtype=torch.int64, device=device))
 
 
 class FusedKernels:
@@ -230,6 +260,9 @@ def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
     n = keys.numel()
     slot_keys, slot_rows = hash_table.new_slots(hash_table.capacity_for(2 * n), device)
     rows, num_rows = hash_table.find_or_insert(slot_keys, slot_rows, keys, 0)
+    # The same keys in the compact bucket index (the opt-in index of a table).
+    index, arena = empty_index(n, device)
+    bucket_index.find_or_insert(*index, arena, keys, 0)
     weights = torch.rand(num_rows, dim, device=device).to(row_dtype)
     value = weights.element_size()      # bytes of one row value
     state = torch.zeros(num_rows, 1, device=device)
@@ -243,6 +276,17 @@ def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
     row_grads = torch.rand(u, dim, device=device)
     per_id = n * (8 + 8 + 4)                       # an id's index, order and weight
     capacity = slot_keys.numel()
+    # The bytes of an empty index sized for the batch: what its creation writes.
+    index_bytes = sum(t.numel() * t.element_size() for t in empty_index(n, device)[0][:4])
+    # A lookup reads its key, a directory entry, a bucket's 32 digest bytes,
+    # the slot's row and the arena's key, and writes the row; an insert
+    # writes a digest byte, a slot and the arena's key.
+    per_key, per_row = 8 + 4 + 32 + 4 + 8 + 8, 1 + 4 + 8
+
+    def insert_into_empty():
+        fresh, fresh_arena = empty_index(n, device)
+        return bucket_index.find_or_insert(*fresh, fresh_arena, keys, 0)
+
     # name: (label, kernel, bytes it must move at least)
     figures = {
         "lookup": ("lookup (gather + pool)",
@@ -270,6 +314,12 @@ def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
                            lambda: hash_table.find_or_insert(
                                *hash_table.new_slots(capacity, device), keys, 0),
                            capacity * 16 + n * 8 * 3),
+        "compact_find": ("compact find (present keys)",
+                         lambda: bucket_index.find(*index, arena, keys), n * per_key),
+        # Into an empty index each time: its arrays are written once (the
+        # initialisation), every key looked up, every new key's slot written.
+        "compact_find_or_insert": ("compact find-or-insert (new)", insert_into_empty,
+                                   index_bytes + n * per_key + num_rows * per_row),
     }
     peak = measured_copy_gbps(device)
     dtype_name = str(row_dtype).removeprefix("torch.")

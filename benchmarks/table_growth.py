@@ -15,11 +15,15 @@ them; no dense network), each step `--new` ids never seen before and
 
 The last lines are `bytes_per_row_ratio=` (steady state, table-reported),
 `peak_bytes_per_row_ratio=` (peak RSS per row over rows + state) and
-`p99_over_p50=` (step times over the whole growth). Targets (issue 18): at
-most 1.3, 1.3 and 3.
+`p99_over_p50=` (step times over the whole growth). Targets (issue 25): at
+most 1.3, 1.4 and 3.
 
     python benchmarks/table_growth.py [--rows 100000000] [--new 200000]
         [--seen 50000] [--report-every 10000000] [--threads 2]
+        [--index compact|hash]
+
+`--index` is the table's key index (`TableOptions(index=...)`, default
+`compact`, the one built for this size; `hash` is the default of a table).
 
 10^8 rows need ~11 GB of memory and take about 15 minutes on 2 cores.
 """
@@ -34,14 +38,17 @@ import torch
 DIM = 16
 
 
-def build():
-    """The engine of one Categorical feature of dim `DIM`, row-wise Adagrad."""
+def build(index):
+    """The engine of one Categorical feature of dim `DIM`, row-wise Adagrad,
+    its table's key index `index`."""
     import reckeras as rk
     from reckeras.embedding.engine import EmbeddingEngine
     from reckeras.embedding.packing import PackingPlan
     from reckeras.features.plan import TransformPlan
     plan = TransformPlan([rk.features.Categorical("item", dim=DIM)])
-    engine = EmbeddingEngine(PackingPlan(plan.slots, plan.sparse_in_declaration_order))
+    engine = EmbeddingEngine(PackingPlan(
+        plan.slots, plan.sparse_in_declaration_order,
+        table_options={"item": rk.embedding.TableOptions(index=index)}), device="cpu")
     engine.set_optimizer(rk.optimizers.RowWiseAdagrad(0.05))
     return plan, engine
 
@@ -79,14 +86,17 @@ def main():
     parser.add_argument("--seen", type=int, default=50_000)
     parser.add_argument("--report-every", type=int, default=10_000_000)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--index", default="compact", choices=("hash", "compact"),
+                        help="the table's key index (TableOptions.index)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    plan, engine = build()
+    plan, engine = build(args.index)
     row_and_state = DIM * 4 + 4            # float32 row + one row-wise Adagrad value
     generator = torch.Generator().manual_seed(0)
     # Distinct ids in a shuffled order, spread over the int64 range.
     base = resident_bytes()
-    print(f"one table, dim {DIM}, row-wise Adagrad; {args.new:,} new and {args.seen:,} "
+    print(f"one table, dim {DIM}, row-wise Adagrad, index {args.index!r}; {args.new:,} new "
+          f"and {args.seen:,} "
           f"seen ids a step, to {args.rows:,} rows; rows + state = {row_and_state} "
           f"bytes a row")
     print("| rows | table bytes/row | by part (bytes/row) | RSS/row now | RSS/row peak | "

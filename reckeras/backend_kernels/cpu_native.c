@@ -19,15 +19,18 @@
  * the pragmas are ignored and every loop runs on the calling thread.
  *
  * Memory safety: the kernels trust the sizes they are given (counts, dims,
- * bounds, the capacity of the hash map), which cpu_native.py checks against
+ * bounds, the capacity of the hash map and of the bucket index's arrays), which
+ * cpu_native.py checks against
  * the tensors before the call, with their dtypes and layouts. Every index
  * *value* that addresses memory is checked here against its bound before
  * any memory is touched through it, and a bad one is reported in the return
  * value (the wrapper raises) with nothing written the caller can see:
  * outputs are fresh buffers, and the update checks its rows before its
  * first write. (Keys need no check: a key's slot is masked by the map's
- * capacity. An insert into a full map stops and says so instead of probing
- * forever.) A check costs 0-4% of its kernel on a dlrm batch; where the
+ * capacity, its directory entry by the bucket index's depth. An insert into a
+ * full map stops and says so instead of probing forever; the bucket index's
+ * directory entries and rows are checked as they are read.) A check costs
+ * 0-4% of its kernel on a dlrm batch; where the
  * checks sit, and why there, is noted at each kernel.
  *
  * Table rows are float32, float16 or bfloat16 (ROWS_* below; C has no
@@ -37,6 +40,7 @@
  * as sparse_optimizers.stochastic_round_reference does.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -206,6 +210,14 @@ void rk_initial_rows(const int64_t *keys, int64_t n, int64_t dim, int64_t seed,
     parallel_ranges(threads, n, n * dim, initial_rows_range, &a);
 }
 
+/* How many keys ahead the loops prefetch the memory they will touch. A
+ * lookup is a cache miss into a table much larger than the caches;
+ * prefetching keeps several misses in flight instead of waiting on each in
+ * turn. The other loops prefetch the rows they will gather the same way. */
+#define PREFETCH_AHEAD 16
+
+/* ---- the open-addressing hash map (hash_table.py) ---------------------------------- */
+
 /* A key's home slot: the top log2(capacity) bits of key * GOLDEN
  * (Fibonacci hashing), as hash_table._home computes it. ``shift`` is
  * 64 - log2(capacity); a capacity of 1 has every key at slot 0. */
@@ -218,12 +230,6 @@ static inline int home_shift(int64_t capacity) {
     while (((int64_t)1 << bits) < capacity) bits++;
     return 64 - bits;
 }
-
-/* How many keys ahead the probe loop prefetches their home slots. A probe is
- * a cache miss into a table much larger than the caches; prefetching keeps
- * several misses in flight instead of waiting on each in turn. The other
- * loops prefetch the rows they will gather the same way. */
-#define PREFETCH_AHEAD 16
 
 struct probe_args {
     int64_t *slot_keys, *slot_rows;
@@ -325,6 +331,366 @@ int64_t rk_rehash(const int64_t *old_keys, const int64_t *old_rows, int64_t old_
         moved++;
     }
     return moved;
+}
+
+
+/* ---- the bucketized index (bucket_index.py) --------------------------------------
+ *
+ * Extendible hashing over buckets of BUCKET_SLOTS slots. A slot is one byte
+ * of key digest (0: free) and the int32 row + 1 (0: free); the keys stay in
+ * the table's key array (``arena``), read only to confirm a digest match. A
+ * key has two candidate buckets, directory[a >> (32 - G)] and
+ * directory[b >> (32 - G)] for the two 32-bit halves a, b of mix64(key) and
+ * the global depth G; it is stored in either. A full bucket pair splits the
+ * bucket of smaller local depth: the directory doubles in place when that
+ * depth is G, the bucket's keys whose hash has the next bit set move to a new
+ * bucket appended at the end, so the index grows one bucket at a time and
+ * never holds a second copy of itself. Bit for bit what bucket_index.py's
+ * reference computes, up to where in a bucket a key sits and the numbering
+ * of the rows created by one call. */
+#define BUCKET_SLOTS 32
+#define BAD_INDEX (-1)       /* a directory entry or a slot out of its bounds */
+
+struct bucket_index {
+    uint8_t *digests;        /* [bucket_capacity * BUCKET_SLOTS] */
+    int32_t *slots;          /* [bucket_capacity * BUCKET_SLOTS], row + 1 */
+    uint8_t *depths;         /* [bucket_capacity] */
+    int32_t *directory;      /* [directory_capacity], 2^G entries in use */
+    int64_t num_buckets, bucket_capacity, directory_capacity;
+    int depth;               /* G */
+    int64_t *arena;          /* each row's key */
+    int64_t num_rows;        /* rows whose keys the arena holds */
+};
+
+static inline void bucket_hashes(int64_t key, uint64_t *a, uint64_t *b, uint8_t *digest) {
+    uint64_t h = mix64((uint64_t)key);
+    *a = h >> 32;
+    *b = h & 0xffffffffu;
+    uint8_t d = (uint8_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 56);
+    *digest = d ? d : 1;
+}
+
+/* The directory entry of a 32-bit hash (a shift by 32 is 0 in 64 bits). */
+static inline uint64_t bucket_entry(uint64_t hash, int depth) { return hash >> (32 - depth); }
+
+/* Bit 8k + 7 set for each byte k of word `word` of a bucket's digests that
+ * equals digest, exactly (SWAR: eight bytes at once, no branch a byte). */
+static inline uint64_t bucket_matches(const uint8_t *digests, uint8_t digest, int word) {
+    const uint64_t low7 = 0x7F7F7F7F7F7F7F7FULL;
+    uint64_t v;
+    memcpy(&v, digests + 8 * word, 8);
+    v ^= 0x0101010101010101ULL * digest;            /* matching bytes are 0 */
+    return ~(((v & low7) + low7) | v | low7);
+}
+
+/* The row of key in bucket, -1 when it is not there, BAD_INDEX - 1 for a
+ * slot whose row lies outside the arena. */
+static inline int64_t bucket_row(const struct bucket_index *x, int64_t bucket, int64_t key,
+                                 uint8_t digest) {
+    const uint8_t *d = x->digests + bucket * BUCKET_SLOTS;
+    for (int word = 0; word < BUCKET_SLOTS / 8; word++) {
+        for (uint64_t m = bucket_matches(d, digest, word); m; m &= m - 1) {
+            int j = 8 * word + (__builtin_ctzll(m) >> 3);
+            int64_t row = (int64_t)x->slots[bucket * BUCKET_SLOTS + j] - 1;
+            if ((uint64_t)row >= (uint64_t)x->num_rows) return BAD_INDEX - 1;
+            if (x->arena[row] == key) return row;
+        }
+    }
+    return -1;
+}
+
+/* The row of key (-1: absent), or BAD_INDEX - 1 for a corrupt index. */
+static inline int64_t bucket_find_one(const struct bucket_index *x, int64_t key) {
+    uint64_t a, b;
+    uint8_t digest;
+    bucket_hashes(key, &a, &b, &digest);
+    int64_t first = x->directory[bucket_entry(a, x->depth)];
+    int64_t second = x->directory[bucket_entry(b, x->depth)];
+    if ((uint64_t)first >= (uint64_t)x->num_buckets ||
+        (uint64_t)second >= (uint64_t)x->num_buckets) return BAD_INDEX - 1;
+    int64_t row = bucket_row(x, first, key, digest);
+    if (row != -1 || second == first) return row;
+    return bucket_row(x, second, key, digest);
+}
+
+struct bucket_find_args {
+    const struct bucket_index *index;
+    const int64_t *keys;
+    int64_t *rows;
+    int bad;
+};
+
+/* A lookup chains four misses (directory entry, digests, slot, the arena's
+ * key). Keys are resolved a chunk at a time, a software pipeline over each
+ * link of the chain: while key i is resolved, the digests of key i + AHEAD
+ * and the directory entries of key i + 2 AHEAD are on their way, so misses
+ * overlap without a prefetch waiting on a load (or so many in flight that
+ * the core drops some). Pass 1 takes the first digest match in either
+ * bucket (none: the key is absent), pass 2 its slot's row, pass 3 confirms
+ * the row's key; the few keys whose first match was another key's digest
+ * take the full walk. */
+#define FIND_CHUNK 256
+#define AHEAD 8
+
+/* Each key's directory entries and digest (no memory touched). */
+static void bucket_chunk_hashes(const struct bucket_index *x, const int64_t *keys,
+                                const int64_t *which, int64_t n, uint64_t *first,
+                                uint64_t *second, uint8_t *digest) {
+    for (int64_t i = 0; i < n; i++) {
+        bucket_hashes(keys[which ? which[i] : i], &first[i], &second[i], &digest[i]);
+        first[i] = bucket_entry(first[i], x->depth);
+        second[i] = bucket_entry(second[i], x->depth);
+    }
+}
+
+/* One step of the pipeline at key i: directory entries of i + 2 AHEAD
+ * prefetched, digests of i + AHEAD prefetched (its entries read into
+ * bucket_first/second). */
+static inline void bucket_pipeline(const struct bucket_index *x, int64_t i, int64_t n,
+                                   const uint64_t *first, const uint64_t *second,
+                                   uint64_t *bucket_first, uint64_t *bucket_second) {
+    if (i + 2 * AHEAD < n) {
+        __builtin_prefetch(&x->directory[first[i + 2 * AHEAD]], 0, 3);
+        __builtin_prefetch(&x->directory[second[i + 2 * AHEAD]], 0, 3);
+    }
+    int64_t j = i + AHEAD;
+    if (j < n) {
+        bucket_first[j] = (uint32_t)x->directory[first[j]];
+        bucket_second[j] = (uint32_t)x->directory[second[j]];
+        if (bucket_first[j] < (uint64_t)x->num_buckets)
+            __builtin_prefetch(x->digests + bucket_first[j] * BUCKET_SLOTS, 0, 3);
+        if (bucket_second[j] < (uint64_t)x->num_buckets)
+            __builtin_prefetch(x->digests + bucket_second[j] * BUCKET_SLOTS, 0, 3);
+    }
+}
+
+/* The pipeline's prologue: the first keys' entries and buckets. */
+static inline void bucket_pipeline_start(const struct bucket_index *x, int64_t n,
+                                         const uint64_t *first, const uint64_t *second,
+                                         uint64_t *bucket_first, uint64_t *bucket_second) {
+    for (int64_t i = 0; i < 2 * AHEAD && i < n; i++) {
+        __builtin_prefetch(&x->directory[first[i]], 0, 3);
+        __builtin_prefetch(&x->directory[second[i]], 0, 3);
+    }
+    for (int64_t i = 0; i < AHEAD && i < n; i++) {
+        bucket_first[i] = (uint32_t)x->directory[first[i]];
+        bucket_second[i] = (uint32_t)x->directory[second[i]];
+    }
+}
+
+static void bucket_find_chunk(struct bucket_find_args *a, int64_t start, int64_t end) {
+    const struct bucket_index *x = a->index;
+    int64_t *rows = a->rows + start;
+    const int64_t *keys = a->keys + start;
+    int64_t n = end - start;
+    uint64_t first[FIND_CHUNK], second[FIND_CHUNK];
+    uint64_t bucket_first[FIND_CHUNK], bucket_second[FIND_CHUNK];
+    uint8_t digest[FIND_CHUNK];
+    bucket_chunk_hashes(x, keys, NULL, n, first, second, digest);
+    bucket_pipeline_start(x, n, first, second, bucket_first, bucket_second);
+    for (int64_t i = 0; i < n; i++) {
+        bucket_pipeline(x, i, n, first, second, bucket_first, bucket_second);
+        int64_t cell = -1;
+        for (int c = 0; c < 2 && cell < 0; c++) {
+            uint64_t bucket = c ? bucket_second[i] : bucket_first[i];
+            if (bucket >= (uint64_t)x->num_buckets) { a->bad = 1; break; }
+            const uint8_t *d = x->digests + bucket * BUCKET_SLOTS;
+            for (int word = 0; word < BUCKET_SLOTS / 8 && cell < 0; word++) {
+                uint64_t m = bucket_matches(d, digest[i], word);
+                if (m) cell = (int64_t)bucket * BUCKET_SLOTS + 8 * word +
+                              (__builtin_ctzll(m) >> 3);
+            }
+        }
+        rows[i] = cell;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n && rows[i + AHEAD] >= 0)
+            __builtin_prefetch(&x->slots[rows[i + AHEAD]], 0, 3);
+        if (rows[i] < 0) continue;
+        int64_t row = (int64_t)x->slots[rows[i]] - 1;
+        if ((uint64_t)row >= (uint64_t)x->num_rows) { a->bad = 1; row = -1; }
+        rows[i] = row;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n && rows[i + AHEAD] >= 0)
+            __builtin_prefetch(&x->arena[rows[i + AHEAD]], 0, 3);
+        if (rows[i] < 0 || x->arena[rows[i]] == keys[i]) continue;
+        int64_t row = bucket_find_one(x, keys[i]);
+        if (row < -1) { a->bad = 1; row = -1; }
+        rows[i] = row;
+    }
+}
+
+static void bucket_find_range(void *context, int64_t start, int64_t end) {
+    for (int64_t chunk = start; chunk < end; chunk += FIND_CHUNK)
+        bucket_find_chunk((struct bucket_find_args *)context, chunk,
+                          chunk + FIND_CHUNK < end ? chunk + FIND_CHUNK : end);
+}
+
+static inline int bucket_fill(const struct bucket_index *x, int64_t bucket) {
+    const uint8_t *d = x->digests + bucket * BUCKET_SLOTS;
+    int fill = BUCKET_SLOTS;
+    for (int word = 0; word < BUCKET_SLOTS / 8; word++)
+        /* One bit a free slot: their count is the multiply's top byte. */
+        fill -= (int)(((bucket_matches(d, 0, word) >> 7) * 0x0101010101010101ULL) >> 56);
+    return fill;
+}
+
+/* Doubles the directory in place: entry i becomes entries 2i and 2i + 1
+ * (walked from the end, so no entry is overwritten before it is read). */
+static int bucket_double_directory(struct bucket_index *x) {
+    int64_t size = (int64_t)1 << x->depth;
+    if (x->depth == 32 || 2 * size > x->directory_capacity) return 0;
+    for (int64_t i = size - 1; i >= 0; i--)
+        x->directory[2 * i] = x->directory[2 * i + 1] = x->directory[i];
+    x->depth++;
+    return 1;
+}
+
+/* Splits a full bucket (see the section's comment). Returns 1, 0 when the
+ * arrays have no room for it, or BAD_INDEX for a corrupt index. */
+static int bucket_split(struct bucket_index *x, int64_t bucket) {
+    if (x->depths[bucket] > x->depth) return BAD_INDEX;
+    if (x->num_buckets == x->bucket_capacity) return 0;
+    if (x->depths[bucket] == x->depth && !bucket_double_directory(x)) return 0;
+    int depth = x->depth;
+    int64_t span = (int64_t)1 << (depth - x->depths[bucket]);
+    int32_t *slots = x->slots + bucket * BUCKET_SLOTS;
+    uint8_t *digests = x->digests + bucket * BUCKET_SLOTS;
+    int64_t keys[BUCKET_SLOTS];
+    /* Every member's key first, their misses overlapping. */
+    for (int j = 0; j < BUCKET_SLOTS; j++) {
+        int64_t row = (int64_t)slots[j] - 1;
+        if (digests[j] && (uint64_t)row < (uint64_t)x->num_rows)
+            __builtin_prefetch(&x->arena[row], 0, 0);
+    }
+    int64_t start = -1;
+    for (int j = 0; j < BUCKET_SLOTS; j++) {
+        if (!digests[j]) continue;
+        int64_t row = (int64_t)slots[j] - 1;
+        if ((uint64_t)row >= (uint64_t)x->num_rows) return BAD_INDEX;
+        keys[j] = x->arena[row];
+        if (start < 0) {
+            /* The bucket's directory range, from the hash that led a member here. */
+            uint64_t a, b;
+            uint8_t d;
+            bucket_hashes(keys[j], &a, &b, &d);
+            int64_t entry = (int64_t)bucket_entry(a, depth);
+            if (x->directory[entry] != bucket) entry = (int64_t)bucket_entry(b, depth);
+            start = entry & ~(span - 1);
+        }
+    }
+    if (start < 0) return BAD_INDEX;          /* an empty bucket is never split */
+    int64_t half = span / 2, fresh = x->num_buckets++;
+    for (int64_t e = start + half; e < start + span; e++) x->directory[e] = (int32_t)fresh;
+    x->depths[bucket] = x->depths[fresh] = (uint8_t)(x->depths[bucket] + 1);
+    uint8_t *fresh_digests = x->digests + fresh * BUCKET_SLOTS;
+    int32_t *fresh_slots = x->slots + fresh * BUCKET_SLOTS;
+    memset(fresh_digests, 0, BUCKET_SLOTS);
+    memset(fresh_slots, 0, BUCKET_SLOTS * sizeof(int32_t));
+    int moved = 0;
+    for (int j = 0; j < BUCKET_SLOTS; j++) {
+        if (!digests[j]) continue;
+        uint64_t a, b;
+        uint8_t d;
+        bucket_hashes(keys[j], &a, &b, &d);
+        int64_t entry = (int64_t)bucket_entry(a, depth);
+        if (entry < start || entry >= start + span) entry = (int64_t)bucket_entry(b, depth);
+        if (entry < start + half) continue;
+        fresh_digests[moved] = digests[j];
+        fresh_slots[moved++] = slots[j];
+        digests[j] = 0;
+        slots[j] = 0;
+    }
+    return 1;
+}
+
+/* Stores a key absent from the index with its row. Returns 1, 0 when the
+ * arrays have no room for the splits it needs, or BAD_INDEX. */
+static int bucket_place(struct bucket_index *x, int64_t key, int64_t row) {
+    uint64_t a, b;
+    uint8_t digest;
+    bucket_hashes(key, &a, &b, &digest);
+    for (;;) {
+        int64_t first = x->directory[bucket_entry(a, x->depth)];
+        int64_t second = x->directory[bucket_entry(b, x->depth)];
+        if ((uint64_t)first >= (uint64_t)x->num_buckets ||
+            (uint64_t)second >= (uint64_t)x->num_buckets) return BAD_INDEX;
+        int fill_first = bucket_fill(x, first), fill_second = bucket_fill(x, second);
+        int64_t target = fill_second < fill_first ? second : first;
+        if ((fill_second < fill_first ? fill_second : fill_first) < BUCKET_SLOTS) {
+            uint8_t *d = x->digests + target * BUCKET_SLOTS;
+            int j = 0;
+            while (d[j]) j++;
+            d[j] = digest;
+            x->slots[target * BUCKET_SLOTS + j] = (int32_t)(row + 1);
+            return 1;
+        }
+        int64_t victim = x->depths[second] < x->depths[first] ? second : first;
+        int split = bucket_split(x, victim);
+        if (split != 1) return split;
+    }
+}
+
+/* Rows of keys (duplicates allowed), creating rows num_rows, num_rows + 1,
+ * ... for absent keys in the order of their first position (their keys
+ * written to the arena) when ``insert``. The lookups run on ``threads``;
+ * the inserts on the calling thread. shape holds (num_buckets, G) and is
+ * updated. A key that does not fit (no arena row or no room for a split
+ * left: the caller grows the arrays and calls again) gets -1, as do absent
+ * keys without ``insert``. Returns the new row count, or -1 for a corrupt
+ * index (a directory entry or a slot's row out of bounds). */
+int64_t rk_bucket_find_or_insert(uint8_t *digests, int32_t *slots, uint8_t *depths,
+                                 int32_t *directory, int64_t *shape,
+                                 int64_t bucket_capacity, int64_t directory_capacity,
+                                 int64_t *arena, int64_t arena_capacity, int64_t num_rows,
+                                 const int64_t *keys, int64_t n, int64_t *rows, int insert,
+                                 int threads) {
+    struct bucket_index x = {digests, slots, depths, directory, shape[0], bucket_capacity,
+                             directory_capacity, (int)shape[1], arena, num_rows};
+    struct bucket_find_args f = {&x, keys, rows, 0};
+    parallel_ranges(threads, n, n, bucket_find_range, &f);
+    if (f.bad) return -1;
+    if (!insert) return num_rows;
+    /* The absent keys one after the other (each split changes the index),
+     * their buckets prefetched a few keys ahead as in the lookups. */
+    int64_t *absent = (int64_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!absent) return -2;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) if (rows[i] < 0) absent[m++] = i;
+    int64_t status = 0;
+    uint64_t first[FIND_CHUNK], second[FIND_CHUNK];
+    uint64_t bucket_first[FIND_CHUNK], bucket_second[FIND_CHUNK];
+    uint8_t digest[FIND_CHUNK];
+    for (int64_t k = 0; k < m && !status; k++) {
+        /* Pipelined as the lookups; the splits of a chunk may move the
+         * buckets prefetched for it (a prefetch is only a hint). */
+        int64_t offset = k % FIND_CHUNK, chunk = m - k + offset < FIND_CHUNK ?
+                                                 m - k + offset : FIND_CHUNK;
+        if (offset == 0) {
+            bucket_chunk_hashes(&x, keys, absent + k, chunk, first, second, digest);
+            bucket_pipeline_start(&x, chunk, first, second, bucket_first, bucket_second);
+        }
+        bucket_pipeline(&x, offset, chunk, first, second, bucket_first, bucket_second);
+        int64_t i = absent[k];
+        /* A copy of a key this loop already inserted finds it. */
+        int64_t row = bucket_find_one(&x, keys[i]);
+        if (row < -1) { status = -1; break; }
+        if (row < 0 && x.num_rows < arena_capacity && x.num_rows < INT32_MAX) {
+            int placed = bucket_place(&x, keys[i], x.num_rows);
+            if (placed == BAD_INDEX) { status = -1; break; }
+            if (placed) {
+                row = x.num_rows++;
+                arena[row] = keys[i];
+            }
+        }
+        rows[i] = row;
+    }
+    free(absent);
+    if (status) return status;
+    shape[0] = x.num_buckets;
+    shape[1] = x.depth;
+    return x.num_rows;
 }
 
 /* On x86-64 Linux the check below also comes as an AVX2 clone, chosen when

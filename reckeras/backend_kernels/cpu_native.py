@@ -41,6 +41,7 @@ from reckeras.backend_kernels import native_build
 from reckeras.backend_kernels.native_checks import (
     INT32_MAX,
     INT64_MAX,
+    check_bucket_index,
     check_forward_index,
     check_hash_map,
     check_integer,
@@ -61,6 +62,8 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
     "rk_initial_rows": (None, [_PTR, _I64, _I64, _I64, ctypes.c_double, _PTR, _INT]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
     "rk_rehash": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64]),
+    "rk_bucket_find_or_insert": (_I64, [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64,
+                                        _I64, _PTR, _I64, _PTR, _INT, _INT]),
     "rk_pool_forward": (_INT, [_PTR, _INT, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64,
                                _PTR, _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
@@ -415,6 +418,72 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
         raise ValueError(f"cpu_native.rehash: a map of {capacity} slots cannot hold the "
                          f"keys of this one (size it with hash_table.capacity_for)")
     return new_keys, new_rows
+
+def bucket_find_or_insert(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+                          directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+                          keys: torch.Tensor, num_rows: int,
+                          insert: bool = True) -> tuple[torch.Tensor, int]:
+    """`bucket_index.find_or_insert` (or `find`) in C: the lookups on torch's
+    threads, the inserts in one loop on the calling thread.
+
+    New keys are numbered in the order of their first position in `keys`.
+
+    Args:
+        digests: uint8 `[capacity, 32]`, updated in place.
+        slots: int32 `[capacity, 32]`, updated in place.
+        depths: uint8 `[capacity]`, updated in place.
+        directory: int32 `[directory capacity]`, updated in place.
+        shape: int64 `[2]`, the buckets in use and the global depth, updated.
+        arena: int64 `[row capacity]`, each row's key; new rows' keys are
+            written.
+        keys: int64 `[n]`, duplicates allowed.
+        num_rows: the rows the arena holds before the call.
+        insert: whether absent keys are inserted; otherwise they get -1 and
+            nothing changes.
+
+    Returns:
+        `(rows, num_rows)`: int64 rows aligned with `keys` (-1: absent, or
+        no room left in the arrays for it: grow them and call again) and
+        the new row count.
+
+    Raises:
+        TypeError, ValueError: for arguments of the wrong dtype, layout or
+            sizes, and for an index whose directory or slots point outside
+            its arrays (a corrupt index).
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index, cpu_native
+
+    index = bucket_index.new_index(64)
+    arena = torch.empty(16, dtype=torch.int64)
+    if cpu_native.available():
+        rows, count = cpu_native.bucket_find_or_insert(*index, arena,
+                                                       torch.tensor([9, 4, 9]), 0)
+        rows, count   # (tensor([0, 1, 0]), 2)
+    ```
+    """
+    kernel = "bucket_find_or_insert"
+    capacity, directory_capacity = check_bucket_index(kernel, digests, slots, depths,
+                                                      directory, shape)
+    check_tensor(kernel, "arena", arena, torch.int64, 1)
+    check_tensor(kernel, "keys", keys, torch.int64, 1)
+    num_rows = check_integer(kernel, "num_rows", num_rows, 0, min(arena.shape[0], INT32_MAX))
+    rows = torch.empty_like(keys)
+    count = _loaded().rk_bucket_find_or_insert(
+        _p(digests), _p(slots), _p(depths), _p(directory), _p(shape), capacity,
+        directory_capacity, _p(arena), arena.shape[0], num_rows, _p(keys), keys.shape[0],
+        _p(rows), int(bool(insert)), _threads())
+    if count == -2:
+        raise MemoryError(f"cpu_native.{kernel}: no memory for the positions of "
+                          f"{keys.shape[0]} keys")
+    if count < 0:
+        raise ValueError(f"cpu_native.{kernel}: the index is corrupt: a directory entry "
+                         f"or a slot points outside its {int(shape[0])} buckets or "
+                         f"{num_rows} rows")
+    return rows, count
+
 
 def pool_forward(weights: torch.Tensor, unique_rows: torch.Tensor,
                  unique_index: torch.Tensor, destination: torch.Tensor,

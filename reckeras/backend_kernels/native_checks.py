@@ -151,6 +151,55 @@ def check_forward_index(kernel: str, unique_index: Any, destination: Any,
     return n
 
 
+def check_bucket_index(kernel: str, digests: Any, slots: Any, depths: Any, directory: Any,
+                       shape: Any) -> tuple[int, int]:
+    """The bucket and directory capacities of a bucketized index, once checked.
+
+    Args:
+        kernel: the wrapper's name, for the message.
+        digests: uint8 `[capacity, 32]`.
+        slots: int32 `[capacity, 32]`.
+        depths: uint8 `[capacity]`.
+        directory: int32 `[directory capacity]`.
+        shape: int64 `[2]`: the buckets in use and the global depth.
+
+    Returns:
+        `(capacity, directory capacity)`.
+
+    Raises:
+        TypeError, ValueError: as `check_tensor`; for arrays of different
+            capacities, buckets of other than 32 slots, or a `shape` that
+            the arrays cannot hold.
+
+    Example:
+
+    ```python
+    check_bucket_index("bucket_find_or_insert", *bucket_index.new_index(64))   # (1, 64)
+    ```
+    """
+    check_tensor(kernel, "digests", digests, torch.uint8, 2)
+    check_tensor(kernel, "slots", slots, torch.int32, 2)
+    check_tensor(kernel, "depths", depths, torch.uint8, 1)
+    check_tensor(kernel, "directory", directory, torch.int32, 1)
+    check_tensor(kernel, "shape", shape, torch.int64, 1)
+    capacity = digests.shape[0]
+    if slots.shape != digests.shape or depths.shape[0] != capacity or \
+            digests.shape[1] != 32:
+        raise ValueError(f"cpu_native.{kernel}: digests {tuple(digests.shape)}, slots "
+                         f"{tuple(slots.shape)} and depths {tuple(depths.shape)} must be "
+                         f"[capacity, 32], [capacity, 32] and [capacity]")
+    if shape.shape[0] != 2:
+        raise ValueError(f"cpu_native.{kernel}: shape must hold 2 values, got "
+                         f"{shape.shape[0]}")
+    buckets, depth = (int(v) for v in shape.tolist())
+    if not 1 <= buckets <= capacity or not 0 <= depth <= 32 or \
+            2**depth > directory.shape[0]:
+        raise ValueError(f"cpu_native.{kernel}: shape ({buckets} buckets, depth {depth}) "
+                         f"does not fit arrays of {capacity} buckets and a directory of "
+                         f"{directory.shape[0]} entries")
+    return capacity, directory.shape[0]
+
+
 def check_hash_map(kernel: str, slot_keys: Any, slot_rows: Any) -> int:
     """The slot count of a hash map's two arrays, once checked.
 

@@ -148,17 +148,19 @@ class EmbeddingEngine:
         plan = self.packing
         dim, names = plan.dims[group], plan.group_tables[group]
         options = plan.group_options[group]
-        dtypes = {name: o.dtype for name, o in zip(names, options, strict=True)}
-        if len(set(dtypes.values())) > 1:
-            raise ValueError(f"tables {names} share one physical table (dim {dim}) and "
-                             f"need one row dtype; got {dtypes}. Give them the same "
-                             f"TableOptions dtype, or different dims")
+        for field, what in (("dtype", "row dtype"), ("index", "key index")):
+            values = {name: getattr(o, field) for name, o in zip(names, options, strict=True)}
+            if len(set(values.values())) > 1:
+                raise ValueError(f"tables {names} share one physical table (dim {dim}) and "
+                                 f"need one {what}; got {values}. Give them the same "
+                                 f"TableOptions {field}, or different dims")
         cached = plan.host_cached(group)
         table = PhysicalTable(dim, init_scale or dim ** -0.5, seed,
                               device="cpu" if cached else device,
                               name=f"{names} (dim {dim})",
                               pin_memory=cached and device.type == "cuda",
-                              num_tables=len(names), dtype=row_dtype(options[0].dtype))
+                              num_tables=len(names), dtype=row_dtype(options[0].dtype),
+                              index=options[0].index)
         store = HostCachedTable(table, names, options, device) if cached else table
         if any(o.uses_lifecycle for o in options):
             store = RowLifecycle(store, options)

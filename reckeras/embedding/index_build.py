@@ -1,7 +1,7 @@
 """The next index of a large CPU table, built on a thread while steps go on.
 
-A `physical_table.PhysicalTable` whose index nears its load limit starts an
-`IndexBuild` of twice the size (see `PhysicalTable._reserve`) and installs
+A table's `key_index.HashIndex` that nears its load limit starts an
+`IndexBuild` of twice the size (see `HashIndex.reserve`) and installs
 it when the limit comes, so the step that crosses it takes only the keys of
 the last few milliseconds instead of rehashing every key.
 """

@@ -18,6 +18,7 @@ from typing import Any
 from reckeras.embedding.row_dtypes import ROW_DTYPES
 
 STORAGES = ("device", "host_cached")
+INDEXES = ("hash", "compact")
 CACHE_POLICIES = ("lfu", "lru")
 REGULARIZE = ("distinct", "occurrence")
 
@@ -53,6 +54,14 @@ class TableOptions:
             back stochastically (see `docs/caching.md`, "Half-precision
             rows"). Tables of one dim share one physical table, so they
             must agree on it.
+        index: how rows are found by key: `"hash"` (an open-addressing
+            hash map, the fastest lookups, 32 to 64 bytes a row) or
+            `"compact"` (buckets of one-byte digests and int32 rows, about
+            6.5 bytes a row, grown one bucket at a time without a second
+            copy; its lookups read about twice the memory, see
+            `docs/performance.md`, "Compact tables"). For tables of 10^8
+            rows, where the hash map costs as much memory as the rows. Tables
+            of one dim share one physical table, so they must agree on it.
         embeddings_regularizer: the table's penalty, overriding the
             `ShardedEmbedding`'s `embeddings_regularizer` (None: the
             layer's). A Keras regularizer (`keras.regularizers.L2(0.05)`),
@@ -72,7 +81,7 @@ class TableOptions:
         "C1": rk.embedding.TableOptions(admit_after=2, evict_idle_steps=10_000),
         "C3": rk.embedding.TableOptions(evict_idle_windows=3),
         "C2": rk.embedding.TableOptions(storage="host_cached", cache_rows=100_000),
-        "C4": rk.embedding.TableOptions(dtype="bfloat16"),
+        "C4": rk.embedding.TableOptions(dtype="bfloat16", index="compact"),
         "C5": rk.embedding.TableOptions(embeddings_regularizer=keras.regularizers.L2(0.05))})
     ```
     """
@@ -87,6 +96,7 @@ class TableOptions:
     cache_bytes: int | None = None
     cache_policy: str = "lfu"
     dtype: str = "float32"
+    index: str = "hash"
     embeddings_regularizer: Any = None
     regularize: str | None = None
 
@@ -104,6 +114,8 @@ class TableOptions:
         if self.dtype not in ROW_DTYPES:
             raise ValueError(f"TableOptions.dtype must be one of {tuple(ROW_DTYPES)}, "
                              f"got {self.dtype!r}")
+        if self.index not in INDEXES:
+            raise ValueError(f"TableOptions.index must be one of {INDEXES}, got {self.index!r}")
         if self.regularize is not None and self.regularize not in REGULARIZE:
             raise ValueError(f"TableOptions.regularize must be None or one of {REGULARIZE}, "
                              f"got {self.regularize!r}")

@@ -1,4 +1,4 @@
-"""The device row store: a dynamic hash index plus row arrays.
+"""The device row store: a dynamic key index plus row arrays.
 
 A `PhysicalTable` holds the rows of one physical table (several logical
 tables of one dim packed together, see `packing`; their keys are salted so
@@ -6,10 +6,10 @@ they never share a row). It is the `"device"` row store (see `row_store`),
 every row where the lookup runs, and the host tier (`index`) of a
 `cache.HostCachedTable`.
 
-A `PhysicalTable` grows without bound: the index is rehashed to keep its load
-under one half (a large CPU index is rebuilt ahead of time, see
-`index_build`), and the row arrays double when full (a large CPU table grows
-inside reserved address space, see `host_memory`). A new row's initial
+A `PhysicalTable` grows without bound: its key index (`key_index`: an
+open-addressing hash map, or the compact bucketized index a table can ask
+for) grows as keys arrive, and the row arrays double when full (a large CPU
+table grows inside reserved address space, see `host_memory`). A new row's initial
 value is a function of its key and the table's seed only, so it is the same
 whatever the batch order or the rank that creates it. The table knows nothing
 of a cache in front of it: the store that owns both keeps them consistent.
@@ -51,16 +51,14 @@ update rounds stochastically (`backend_kernels.sparse_optimizers`).
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import numpy as np
 import torch
 
 from reckeras._allocator import release_free_memory
-from reckeras.backend_kernels import hash_table
 from reckeras.backend_kernels.hashing import initial_rows
 from reckeras.embedding.host_memory import available_host_bytes, physical_host_bytes, reserve_memory
-from reckeras.embedding.index_build import IndexBuild
+from reckeras.embedding.key_index import new_index
 from reckeras.embedding.row_dtypes import to_numpy, to_torch
 from reckeras.embedding.row_store import RowStore
 
@@ -70,12 +68,6 @@ from reckeras.embedding.row_store import RowStore
 RESERVE_FROM_ROWS = 2**20
 
 
-# A CPU index of at least this many slots is rebuilt in the background
-# (`PhysicalTable._reserve`, an `IndexBuild`), starting when its keys reach
-# this share of its load limit: the build then has the next 2/3 of that
-# limit's rows' steps to finish in.
-BUILD_AHEAD_FROM_SLOTS = 2**22
-BUILD_AHEAD_AT = 0.6
 
 
 # A row's `tracking` entry is `generation << COUNT_BITS | count` (see the
@@ -106,6 +98,8 @@ class PhysicalTable(RowStore):
             row's logical table is kept (`tags`) and `resolve` reads tags.
         dtype: the rows' dtype: `torch.float32`, `torch.float16` or
             `torch.bfloat16` (the optimizer state is float32).
+        index: the key index, `"hash"` (the fastest) or `"compact"` (about
+            6.5 bytes a key where `"hash"` takes 32 to 64; see `key_index`).
 
     Example:
 
@@ -124,14 +118,14 @@ class PhysicalTable(RowStore):
     def __init__(self, dim: int, init_scale: float = 0.05, seed: int = 0,
                  device: str | torch.device | None = None, name: str | None = None,
                  pin_memory: bool = False, num_tables: int = 1,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, index: str = "hash"):
         self.dim = dim
         self.init_scale = init_scale
         self.seed = seed
         self.device = torch.device(device or "cpu")
         self.name = name or f"dim {dim}"
         self.pin_memory = pin_memory
-        self.slot_keys, self.slot_rows = hash_table.new_slots(16, self.device)
+        self.key_index = new_index(index, self, self.device, pin_memory)
         self.num_rows = 0
         self.keys = torch.empty(1, dtype=torch.int64, device=self.device)
         self.weights = torch.zeros(1, dim, dtype=dtype, device=self.device)
@@ -150,7 +144,6 @@ class PhysicalTable(RowStore):
         self.deleted: list[tuple[torch.Tensor, int]] = []
         self._reservations: dict[str, torch.Tensor] = {}   # array name -> its reserved memory
         self._rows_written = 0      # the most rows ever held (reserved pages touched)
-        self._next_index = None     # an IndexBuild under way
 
     # ---- the row store -----------------------------------------------------------
 
@@ -245,7 +238,7 @@ class PhysicalTable(RowStore):
             `{"rows": weights, "optimizer_state": state, "keys": each row's
             key, "tracking": each row's generation and count of steps
             (`tracking`, see the module docstring) and its tag, "index": the
-            hash map's slots}`.
+            key index (`key_index`)}`.
         """
         def held(name):
             array = getattr(self, name)
@@ -260,10 +253,9 @@ class PhysicalTable(RowStore):
         return {"rows": held("weights"), "optimizer_state": held("state"),
                 "keys": held("keys"),
                 "tracking": held("tracking") + held("tags"),
-                "index": self.slot_keys.numel() * self.slot_keys.element_size()
-                + self.slot_rows.numel() * self.slot_rows.element_size()}
+                "index": self.key_index.memory_bytes()}
 
-    # ---- the hash index and the row arrays ------------------------------------------
+    # ---- the row arrays -----------------------------------------------------------------
 
     def track_tags(self) -> None:
         """Keeps each row's logical table from now on (rows that exist get
@@ -272,48 +264,6 @@ class PhysicalTable(RowStore):
             self.tags = torch.full((self.weights.shape[0],), -1, dtype=torch.int32,
                                    device=self.device)
         self.needs_tags = True
-
-    def _reserve(self, extra_keys):
-        """Sizes the index for `extra_keys` more keys.
-
-        A large CPU index is rebuilt at twice its size in the background
-        once it is `BUILD_AHEAD_AT` of the way to its load limit, while
-        steps go on, and keeps taking the keys created meanwhile; when the
-        limit comes the new index only takes the last few. Rebuilt in the step instead, a
-        10^8-row table's index (4 GB) stalled it for 14 s, most of it
-        faulting in the new index's fresh pages.
-        """
-        needed = self.num_rows + extra_keys
-        capacity = self.slot_keys.numel()
-        limit = capacity * hash_table.MAX_LOAD
-        if needed > limit:
-            self._install_index(hash_table.capacity_for(needed))
-        elif self._next_index is None and self.num_rows > limit * BUILD_AHEAD_AT and \
-                capacity >= BUILD_AHEAD_FROM_SLOTS and self.device.type == "cpu":
-            self._next_index = IndexBuild(self.slot_keys, self.slot_rows, 2 * capacity,
-                                           self.num_rows, weakref.ref(self), self.name)
-
-    def _install_index(self, capacity):
-        """Replaces the index by one of at least `capacity` slots: the
-        background build when it is large enough, else a rehash now."""
-        build, self._next_index = self._next_index, None
-        built = build.result() if build is not None else None
-        if built is not None and built[0].numel() >= capacity:
-            slot_keys, slot_rows = built
-            # The keys created since the build last caught up, with their
-            # rows: all absent from it and distinct, so numbering them from
-            # its row count in row order gives each its own row again.
-            _, count = hash_table.find_or_insert(
-                slot_keys, slot_rows, self.keys[build.rows:self.num_rows], build.rows)
-            if count != self.num_rows:
-                raise RuntimeError(f"embedding table {self.name}: the index built in the "
-                                   f"background holds {count} rows, the table "
-                                   f"{self.num_rows}")
-        else:
-            slot_keys, slot_rows = hash_table.rehash(self.slot_keys, self.slot_rows,
-                                                     capacity)
-        self.slot_keys, self.slot_rows = slot_keys, slot_rows
-        release_free_memory()
 
     def _rows_storage(self, rows, width, fill, dtype=torch.float32):
         """A `[rows, width]` array of `dtype` filled with `fill` (left
@@ -426,7 +376,7 @@ class PhysicalTable(RowStore):
         Args:
             extra: rows to make room for, beyond those held.
         """
-        self._reserve(extra)
+        self.key_index.reserve(extra, self.num_rows)
         self._grow_rows(self.num_rows + extra)
 
     def find_or_insert(self, keys: torch.Tensor,
@@ -448,18 +398,12 @@ class PhysicalTable(RowStore):
         if absent.numel() == 0:
             return rows
         new_keys = keys.index_select(0, absent)
-        self._reserve(new_keys.numel())
         before = self.num_rows
-        new_rows, after = hash_table.find_or_insert(self.slot_keys, self.slot_rows,
-                                                    new_keys, before)
+        new_rows, after = self.key_index.insert(new_keys, before, self._grown_keys)
         rows.index_copy_(0, absent, new_rows)
         if after > before:
             self._grow_rows(after)
-            # Every new row's key, from the absent ids that resolved to it (all
-            # of them resolved to new rows: they were absent).
-            created = torch.empty(after - before, dtype=torch.int64, device=self.device)
-            created[new_rows - before] = new_keys
-            self.keys[before:after] = created
+            created = self.keys[before:after]
             self.weights[before:after] = initial_rows(created, self.dim,
                                                       self.init_scale, self.seed)
             self.state[before:after] = self.state_init
@@ -474,6 +418,12 @@ class PhysicalTable(RowStore):
             self._rows_written = max(self._rows_written, after)
         return rows
 
+    def _grown_keys(self, rows: int) -> torch.Tensor:
+        """The keys array, the row arrays grown to hold at least `rows` rows
+        (the index asks, see `key_index`)."""
+        self._grow_rows(rows)
+        return self.keys
+
     def find(self, keys: torch.Tensor) -> torch.Tensor:
         """Rows of `keys`; creates nothing.
 
@@ -483,7 +433,7 @@ class PhysicalTable(RowStore):
         Returns:
             int64 rows, -1 where a key has no row.
         """
-        return hash_table.find(self.slot_keys, self.slot_rows, keys)
+        return self.key_index.find(keys, self.keys)
 
     def rows_of(self, keys: torch.Tensor, insert: bool,
                 tags: torch.Tensor | None = None) -> torch.Tensor:
@@ -656,11 +606,9 @@ class PhysicalTable(RowStore):
     def _replace(self, keys, weights, state, tags, tracking):
         """Rebuilds the index and the arrays from these rows (`tracking`:
         each row's entry, generation and count)."""
-        if self._next_index is not None:      # built from rows about to be renumbered
-            self._next_index.result()
-            self._next_index = None
-        self.slot_keys, self.slot_rows = hash_table.new_slots(
-            hash_table.capacity_for(keys.numel()), self.device)
+        self.key_index.finish()       # a build of rows about to be renumbered
+        self.key_index = new_index(self.key_index.kind, self, self.device, self.pin_memory)
+        self.key_index.reserve(keys.numel(), 0)
         self.num_rows = 0
         capacity = max(1, keys.numel())
         self.weights = self._rows_storage(capacity, self.dim, 0.0, self.weights.dtype)

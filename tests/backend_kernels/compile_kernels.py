@@ -19,10 +19,11 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from reckeras.backend_kernels import (aggregation, hash_table, hashing,  # noqa: E402
-                                      sparse_optimizers, transforms)
+from reckeras.backend_kernels import (aggregation, bucket_index, hash_table,  # noqa: E402
+                                      hashing, sparse_optimizers, transforms)
 
 P64, P32, PBF, P8 = "*i64", "*fp32", "*bf16", "*i8"
+PU8, PI32 = "*u8", "*i32"
 P16 = "*fp16"
 # The dropped bits of the stochastic rounding of each row type (0: none).
 ROUNDED = {P32: 0, PBF: 16, P16: 13}
@@ -57,6 +58,16 @@ CASES = [
                                   "keys_ptr": P64, "rows_ptr": P64, "n": "i64",
                                   "mask": "i64", "shift": "i32"},
      {"BLOCK": hash_table.BLOCK}),
+    (bucket_index, "_find_kernel", {"digests_ptr": PU8, "slots_ptr": PI32,
+                                    "directory_ptr": PI32, "arena_ptr": P64,
+                                    "keys_ptr": P64, "rows_ptr": P64, "n": "i64",
+                                    "depth": "i32"},
+     {"BLOCK": bucket_index.BLOCK, "SLOTS": bucket_index.SLOTS}),
+    (bucket_index, "_place_kernel", {"digests_ptr": PU8, "slots_ptr": PI32,
+                                     "directory_ptr": PI32, "arena_ptr": P64,
+                                     "counter_ptr": P64, "keys_ptr": P64, "rows_ptr": P64,
+                                     "n": "i64", "depth": "i32"},
+     {"BLOCK": bucket_index.BLOCK, "SLOTS": bucket_index.SLOTS}),
     (transforms, "_hash_into_buckets_kernel", {"ids_ptr": P64, "buckets_ptr": P64,
                                                "out_ptr": P64, "per_feature": "i64",
                                                "total": "i64"},

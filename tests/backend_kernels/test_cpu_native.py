@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reckeras import config
-from reckeras.backend_kernels import cpu_native, hash_table
+from reckeras.backend_kernels import bucket_index, cpu_native, hash_table
 from reckeras.backend_kernels.hashing import initial_rows_reference, mix64_reference
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(),
@@ -66,6 +66,47 @@ def test_find_or_insert_matches_reference_mapping(keys):
     expected_missing = hash_table.find_reference(native_keys, native_rows,
                                                  torch.tensor([12345678912345]))
     assert torch.equal(missing, expected_missing)
+
+
+def sized_index(new_keys):
+    """An empty index and arena with room for `new_keys` keys (`room_needed`)."""
+    capacity, directory_capacity = bucket_index.room_needed(bucket_index.new_index()[4],
+                                                            new_keys)
+    return (bucket_index.new_index(directory_capacity, capacity),
+            torch.zeros(new_keys, dtype=torch.int64))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=400),
+       st.lists(st.integers(-(2**63), 2**63 - 1), max_size=100))
+def test_bucket_find_or_insert_matches_the_reference_mapping(keys, more):
+    keys = torch.tensor(keys + EXTREMES + keys[:50], dtype=torch.int64)
+    more = torch.tensor(more + keys[::3].tolist(), dtype=torch.int64)
+    index, arena = sized_index(keys.numel() + more.numel())
+    reference_index, reference_arena = sized_index(keys.numel() + more.numel())
+    row_of, count, reference_count = {}, 0, 0
+    for batch in (keys, more):
+        rows, count = cpu_native.bucket_find_or_insert(*index, arena, batch, count)
+        # A key keeps its row; a new one takes the next, in order of first position.
+        expected = [row_of.setdefault(key, len(row_of)) for key in batch.tolist()]
+        assert rows.tolist() == expected and count == len(row_of)
+        assert torch.equal(arena[rows], batch)
+        # The reference reads the index the kernel wrote, and the kernel the
+        # reference's (which numbers the rows of a call in its own order).
+        assert torch.equal(bucket_index.find_reference(*index, arena, batch), rows)
+        reference_rows, reference_count = bucket_index.find_or_insert_reference(
+            *reference_index, reference_arena, batch, reference_count)
+        assert reference_count == count
+        found, unchanged = cpu_native.bucket_find_or_insert(
+            *reference_index, reference_arena, batch, count, insert=False)
+        assert torch.equal(found, reference_rows) and unchanged == count
+        assert torch.equal(reference_arena[reference_rows], batch)
+    absent = torch.tensor([k for k in (12345678912345, -7, 2**62) if k not in row_of],
+                          dtype=torch.int64)
+    missing, unchanged = cpu_native.bucket_find_or_insert(*index, arena, absent, count,
+                                                          insert=False)
+    assert missing.tolist() == [-1] * absent.numel() and unchanged == count
+    assert torch.equal(missing, bucket_index.find_reference(*index, arena, absent))
 
 
 @settings(max_examples=30, deadline=None)
@@ -216,6 +257,8 @@ def test_results_do_not_depend_on_the_thread_count(threads):
     slot_keys, slot_rows = hash_table.new_slots(hash_table.capacity_for(n))
     keys = cpu_native.table_keys(ids, salt, counts)
     cpu_native.find_or_insert(slot_keys, slot_rows, keys[: n // 2], 0)
+    index, arena = sized_index(n)
+    inserted, num_rows = cpu_native.bucket_find_or_insert(*index, arena, keys[: n // 2], 0)
 
     present = torch.rand(n) > 0.3
     present[n // 3: n // 3 + 20_000] = False        # a thread's whole range absent
@@ -229,10 +272,15 @@ def test_results_do_not_depend_on_the_thread_count(threads):
         grads = cpu_native.aggregate(grad_out, unique_index, destination, id_weight,
                                      unique.numel())
         cpu_native.apply_update("adagrad", table, state, unique, grads, 0.1, 1e-8)
+        # The inserts (their lookups on the threads) into a copy of the index.
+        copy = [t.clone() for t in (*index, arena)]
+        rows_inserted = cpu_native.bucket_find_or_insert(*copy, keys, num_rows)[0]
         results[count] = (
             cpu_native.table_keys(ids, salt, counts),
             cpu_native.initial_rows(ids[:50_000], dim, 0.05, 7),
             cpu_native.find_or_insert(slot_keys, slot_rows, keys, n, insert=False)[0],
+            cpu_native.bucket_find_or_insert(*index, arena, keys, num_rows, insert=False)[0],
+            rows_inserted, *copy,
             cpu_native.pool_forward(weights, unique, unique_index, destination,
                                     id_weight, slots),
             grads, table, state, *cpu_native.compact_present(ids, present),
@@ -247,6 +295,11 @@ def test_results_do_not_depend_on_the_thread_count(threads):
     # And the found rows are right: the first half was inserted, the rest is absent.
     found = results[1][2]
     assert bool((found[: n // 2] >= 0).all())
+    found, rows_inserted = results[1][3:5]
+    assert torch.equal(found[: n // 2], inserted) and bool((found[n // 2:] == -1).all())
+    assert torch.equal(found, bucket_index.find_reference(*index, arena, keys))
+    assert torch.equal(rows_inserted[: n // 2], inserted)
+    assert bool((rows_inserted[n // 2:] >= num_rows).all())
 
 
 # ---- the sanitized build (RECKERAS_NATIVE_SANITIZE=1, scripts/test_sanitized.sh) --------
@@ -300,6 +353,25 @@ SANITIZER_CASES = {
         library.rk_find_or_insert(address(slot_keys), address(slot_rows), 4, address(keys), 1,
                                   address(rows), 2**63 - 1, 1, 1)
         """, "runtime error: signed integer overflow"),
+    "a new row past the arena": ("""
+        digests, slots, depths, directory = (torch.zeros(4, 32, dtype=torch.uint8),
+                                             torch.zeros(4, 32, dtype=torch.int32),
+                                             torch.zeros(4, dtype=torch.uint8),
+                                             torch.zeros(8, dtype=torch.int32))
+        shape, arena = torch.tensor([1, 0]), torch.zeros(4, dtype=torch.int64)
+        keys, rows = torch.tensor([7]), torch.empty(1, dtype=torch.int64)
+        try:
+            cpu_native.bucket_find_or_insert(digests, slots, depths, directory, shape, arena,
+                                             keys, 5)
+        except ValueError as error:
+            print("refused:", error, flush=True)
+        # arena_capacity 8 for an arena of 4 rows, all in use: row 4 is written
+        # past its end.
+        library.rk_bucket_find_or_insert(address(digests), address(slots), address(depths),
+                                         address(directory), address(shape), 4, 8,
+                                         address(arena), 8, 4, address(keys), 1,
+                                         address(rows), 1, 1)
+        """, "ERROR: AddressSanitizer: heap-buffer-overflow"),
 }
 
 

@@ -52,8 +52,9 @@ def test_blocks_and_powers_of_two():
     assert [dispatch.blocks(n, 1024) for n in (0, 1, 1024, 1025, 2049)] == [1, 1, 1, 2, 3]
 
 
-@pytest.mark.parametrize("module", ["aggregation", "hash_table", "hashing", "jagged_attention",
-                                    "sparse_optimizers", "transforms", "pooling"])
+@pytest.mark.parametrize("module", ["aggregation", "bucket_index", "hash_table", "hashing",
+                                    "jagged_attention", "sparse_optimizers", "transforms",
+                                    "pooling"])
 def test_no_kernel_uses_a_private_triton_member(module):
     # Triton's private members (tl.standard._sum_combine, ...) change between
     # releases; the kernels use its public language only.

@@ -33,15 +33,17 @@ def test_every_kernel_compiles_for_sm90():
 def test_importing_reckeras_defines_no_triton_kernel_and_imports_no_triton():
     result = run("import sys\n"
                  "import reckeras\n"
-                 "from reckeras.backend_kernels import (aggregation, dispatch, hash_table,\n"
-                 "    hashing, jagged_attention, pooling, sparse_optimizers, transforms)\n"
+                 "from reckeras.backend_kernels import (aggregation, bucket_index, dispatch,\n"
+                 "    hash_table, hashing, jagged_attention, pooling, sparse_optimizers,\n"
+                 "    transforms)\n"
                  "print(type(transforms._pack_sequences_kernel).__name__,"
                  " type(sparse_optimizers._update_kernel).__name__,"
                  " type(hash_table._insert_kernel).__name__,"
+                 " type(bucket_index._place_kernel).__name__,"
                  " type(aggregation._segment_sum_kernel).__name__)\n"
                  "print(sorted(m for m in sys.modules if m.split('.')[0] == 'triton'))")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:2] == ["Kernel Kernel Kernel Kernel", "[]"]
+    assert result.stdout.split("\n")[:2] == ["Kernel Kernel Kernel Kernel Kernel", "[]"]
 
 
 @requires_triton

@@ -14,6 +14,9 @@ kill pytest itself, and under scripts/test_sanitized.sh (AddressSanitizer
 and UBSan) any read or write out of bounds aborts it.
 """
 
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -22,7 +25,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reckeras.backend_kernels import cpu_native, hash_table, sparse_optimizers
+from reckeras.backend_kernels import bucket_index, cpu_native, hash_table, sparse_optimizers
 from reckeras.backend_kernels.aggregation import aggregate_row_grads_reference
 from reckeras.backend_kernels.hashing import initial_rows_reference, mix64_reference
 from reckeras.backend_kernels.pooling import pooled_lookup_reference
@@ -61,7 +64,8 @@ def tensor_breaks(tensor, wrong_dtypes=None):
                 torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")),
                ("with a dim more", ValueError, tensor.unsqueeze(0)),
                ("with a dim less", ValueError,
-                tensor.reshape(-1) if tensor.dim() == 2 else tensor.sum())]
+                # (sum keeps the dtype: uint8 and int32 sum to int64)
+                tensor.reshape(-1) if tensor.dim() == 2 else tensor.sum().to(tensor.dtype))]
     view = _strided(tensor)
     if not view.is_contiguous():
         breaks.append(("a non-contiguous view", ValueError, view))
@@ -251,6 +255,178 @@ def test_the_capacity_must_be_a_power_of_two(capacity):
         cpu_native.find_or_insert(slot_keys, torch.full((capacity,), -1), torch.arange(3), 0)
 
 
+# ---- bucket_find_or_insert ------------------------------------------------------------
+
+# Wrong dtypes of the index's arrays.
+WRONG_BYTES = [torch.int8, torch.int32, torch.bool, torch.float32]
+WRONG_INT32S = [torch.int64, torch.int16, torch.uint8, torch.float32]
+
+
+def _bucket_index(draw):
+    """An index holding some keys (as the torch reference builds it, from
+    one bucket: past 32 keys it has split), its arrays sized by
+    `room_needed` for 40 more keys, and an arena of a few rows more than it
+    holds (perhaps too few for the new keys)."""
+    stored = int64_tensor(draw, int64s, draw(st.integers(0, 80)))
+    capacity, directory_capacity = bucket_index.room_needed(bucket_index.new_index()[4],
+                                                            stored.numel() + 40)
+    index = bucket_index.new_index(directory_capacity, capacity)
+    arena = torch.zeros(stored.numel() + draw(st.integers(0, 45)), dtype=torch.int64)
+    _, num_rows = bucket_index.find_or_insert_reference(*index, arena, stored, 0)
+    return index, arena, stored, num_rows
+
+
+def expected_rows(keys, arena, num_rows, insert):
+    """What the native kernel returns, from a dict of the arena's keys: a
+    key found keeps its row, a new one takes the next row in the order of
+    its first position, while the arena has rows left; the others get -1."""
+    row_of = {key: row for row, key in enumerate(arena[:num_rows].tolist())}
+    rows = []
+    for key in keys.tolist():
+        if key not in row_of and insert and num_rows < arena.numel():
+            row_of[key], num_rows = num_rows, num_rows + 1
+        rows.append(row_of.get(key, -1))
+    return rows, num_rows
+
+
+@FUZZ
+@given(st.data())
+def test_bucket_find_or_insert(data):
+    draw = data.draw
+    index, arena, stored, num_rows = _bucket_index(draw)
+    digests, slots, depths, directory, shape = index
+    count, depth = shape.tolist()
+    # Keys already stored, new ones, duplicates, the extremes (ordinary keys).
+    keys = torch.cat([int64_tensor(draw, int64s, draw(st.integers(0, 30))), stored[:5],
+                      torch.tensor(draw(st.lists(st.sampled_from(
+                          [INT64_MIN, INT64_MIN + 1, INT64_MAX, 0, -1]), max_size=4)),
+                          dtype=torch.int64)])
+    insert = draw(st.booleans())
+    args = {"digests": digests, "slots": slots, "depths": depths, "directory": directory,
+            "shape": shape, "arena": arena, "keys": keys, "num_rows": num_rows,
+            "insert": insert}
+    too_shallow = directory[:2 ** depth // 2].clone()     # shorter than the depth reads
+    shape_breaks = [
+        ("of 3 values", ValueError, torch.tensor([count, depth, 0])),
+        ("of 1 value", ValueError, torch.tensor([count])),
+        ("with more buckets than the arrays", ValueError,
+         torch.tensor([digests.shape[0] + 1, depth])),
+        ("with no bucket", ValueError, torch.tensor([0, depth])),
+        ("with a negative depth", ValueError, torch.tensor([count, -1])),
+        ("with a depth past 32 bits", ValueError, torch.tensor([count, 33])),
+        ("with a depth past the directory", ValueError,
+         torch.tensor([count, directory.shape[0].bit_length()])),
+        ("with an int64 extreme", ValueError, torch.tensor([INT64_MIN, INT64_MAX]))]
+    assert_all_refused(cpu_native.bucket_find_or_insert, args, {
+        "digests": tensor_breaks(digests, WRONG_BYTES) + length_breaks(digests),
+        "slots": tensor_breaks(slots, WRONG_INT32S) + length_breaks(slots),
+        "depths": tensor_breaks(depths, WRONG_BYTES) + length_breaks(depths),
+        "directory": tensor_breaks(directory, WRONG_INT32S) + [
+            ("shorter than 2**depth", ValueError, too_shallow)],
+        "shape": tensor_breaks(shape) + shape_breaks,
+        "arena": tensor_breaks(arena),
+        "keys": tensor_breaks(keys),
+        "num_rows": count_breaks() + [
+            ("past the arena", ValueError, arena.numel() + 1),
+            ("past int32 rows", ValueError, 2**31)]},
+        digests, slots, depths, directory, shape, arena)
+    expected, expected_count = expected_rows(keys, arena, num_rows, insert)
+    before = [t.clone() for t in (*index, arena)]
+    rows, count = cpu_native.bucket_find_or_insert(**args)
+    assert rows.tolist() == expected and count == expected_count
+    if not insert:
+        assert all(torch.equal(t, b) for t, b in zip((*index, arena), before))
+        return
+    # The reference reads the index the kernel wrote, the arena its keys.
+    assert torch.equal(bucket_index.find_reference(*index, arena, keys), rows)
+    assert torch.equal(arena[rows[rows >= 0]], keys[rows >= 0])
+
+
+def test_buckets_must_have_32_slots():
+    # The kernel reads 32 digests a bucket: 16-slot buckets would be read
+    # past their end.
+    digests, slots, depths, directory, shape = bucket_index.new_index(4, 2)
+    with pytest.raises(ValueError, match="32"):
+        cpu_native.bucket_find_or_insert(digests[:, :16].contiguous(),
+                                         slots[:, :16].contiguous(), depths, directory,
+                                         shape, torch.zeros(8, dtype=torch.int64),
+                                         torch.arange(3), 0)
+
+
+def _indexed(keys, capacity=64):
+    """An index of `keys` (rows 0..), room to spare, and its arena."""
+    index = bucket_index.new_index(256, capacity)
+    arena = torch.zeros(keys.numel() + 16, dtype=torch.int64)
+    rows, num_rows = bucket_index.find_or_insert_reference(*index, arena, keys, 0)
+    return index, arena, rows, num_rows
+
+
+# Every key of a 4-entry directory (and any other) looks at least one entry up.
+LOOKED_UP = torch.arange(2000) * 7919
+
+
+@pytest.mark.parametrize("insert", [False, True])
+@pytest.mark.parametrize("value", ["buckets in use", "capacity", 2**31 - 1, -1])
+def test_a_directory_entry_past_the_buckets_is_corrupt(value, insert):
+    index, arena, _, num_rows = _indexed(torch.arange(100) * 31)
+    directory, shape = index[3:]
+    assert shape.tolist() == [4, 2]
+    directory[3] = {"buckets in use": 4, "capacity": 64}.get(value, value)
+    with pytest.raises(ValueError, match="corrupt"):
+        cpu_native.bucket_find_or_insert(*index, arena, LOOKED_UP, num_rows, insert=insert)
+
+
+@pytest.mark.parametrize("insert", [False, True])
+@pytest.mark.parametrize("row", ["num_rows", "arena rows", 2**31 - 2, -1, "free"])
+def test_a_slot_past_the_rows_is_corrupt(row, insert):
+    keys = torch.arange(100) * 31
+    index, arena, rows, num_rows = _indexed(keys)
+    slots = index[1]
+    # The slot of key 62's row now says a row the arena does not hold (its
+    # digest still matches the key's: a lookup of the key reads it).
+    cell = (slots == int(rows[2]) + 1).nonzero()[0]
+    value = {"num_rows": num_rows, "arena rows": arena.numel(), "free": -1}.get(row, row)
+    slots[cell[0], cell[1]] = value + 1
+    with pytest.raises(ValueError, match="corrupt"):
+        cpu_native.bucket_find_or_insert(*index, arena, keys[:5], num_rows, insert=insert)
+
+
+def test_a_slot_past_the_rows_is_corrupt_when_its_bucket_splits():
+    # No key looked up matches the bad slot's digest: the split that the new
+    # keys need reads every member's key, and meets it.
+    index, arena, _, num_rows = _indexed(torch.arange(32), capacity=4)
+    slots = index[1]
+    assert index[4].tolist() == [1, 0] and bool((slots[0] != 0).all())   # one full bucket
+    slots[0, 0] = num_rows + 1
+    fresh = torch.arange(10**9, 10**9 + 8)
+    found, count = cpu_native.bucket_find_or_insert(*index, arena, fresh, num_rows,
+                                                    insert=False)
+    assert found.eq(-1).all() and count == num_rows       # the lookups never read it
+    with pytest.raises(ValueError, match="corrupt"):
+        cpu_native.bucket_find_or_insert(*index, arena, fresh, num_rows)
+
+
+@pytest.mark.slow
+def test_a_local_depth_past_the_global_depth_is_corrupt():
+    # A bucket deeper than its directory: a split would address a directory
+    # range of 2**(global - local) entries, a negative shift in C. Run in a
+    # fresh interpreter: a crash must not take pytest down with it.
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import torch
+        from reckeras.backend_kernels import bucket_index, cpu_native
+        index = bucket_index.new_index(8, 4)
+        arena = torch.zeros(64, dtype=torch.int64)
+        _, num_rows = cpu_native.bucket_find_or_insert(*index, arena, torch.arange(32), 0)
+        index[2][0] = 40          # the one bucket (full), its local depth past 0
+        try:
+            cpu_native.bucket_find_or_insert(*index, arena, torch.arange(32, 40), num_rows)
+        except ValueError as error:
+            print(error)
+        """)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "corrupt" in result.stdout
+
+
 def _returns_within(fn, seconds):
     """fn()'s result, or a failure if it is still running after `seconds`."""
     outcome = {}
@@ -264,7 +440,7 @@ def _returns_within(fn, seconds):
     worker = threading.Thread(target=run, daemon=True)  # a stuck C loop cannot be joined
     worker.start()
     worker.join(seconds)
-    assert not worker.is_alive(), "the kernel is still probing a full map"
+    assert not worker.is_alive(), "the kernel is still probing a full map or index"
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -280,6 +456,22 @@ def test_a_full_map_is_an_error_not_a_hang():
     assert found.tolist() == [-1, int(rows[3])]
     with pytest.raises(ValueError, match="full"):
         _returns_within(lambda: cpu_native.find_or_insert(slot_keys, slot_rows, absent, 8), 30)
+
+
+def test_a_full_index_leaves_keys_out_without_hanging():
+    # One bucket that cannot split (no room for a second one, a directory of
+    # one entry): 32 keys fit, then 50,000 new ones each find both their
+    # buckets full and no split possible, and resolve to -1.
+    index = bucket_index.new_index(1, 1)
+    arena = torch.zeros(100_000, dtype=torch.int64)
+    rows, count = cpu_native.bucket_find_or_insert(*index, arena, torch.arange(32), 0)
+    assert count == 32 and sorted(rows.tolist()) == list(range(32))
+    before = [t.clone() for t in index]
+    absent = torch.cat([torch.arange(10**6, 10**6 + 50_000), torch.tensor([3])])
+    found, count = _returns_within(
+        lambda: cpu_native.bucket_find_or_insert(*index, arena, absent, 32), 30)
+    assert count == 32 and found[:-1].eq(-1).all() and int(found[-1]) == int(rows[3])
+    assert all(torch.equal(t, b) for t, b in zip(index, before))
 
 
 # ---- pool_forward and aggregate -------------------------------------------------------

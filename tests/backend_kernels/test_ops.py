@@ -6,9 +6,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from reckeras.backend_kernels import (aggregation, cpu_native, dispatch, hash_table,
-                                      hashing, pooling, ragged_layout, sparse_optimizers,
-                                      transforms)
+from reckeras.backend_kernels import (aggregation, bucket_index, cpu_native, dispatch,
+                                      hash_table, hashing, pooling, ragged_layout,
+                                      sparse_optimizers, transforms)
+# Registers the jagged attention ops that samples() calls (no other import here does).
+from reckeras.backend_kernels import jagged_attention  # noqa: F401
 
 so = sparse_optimizers
 
@@ -17,6 +19,15 @@ def a_map():
     slot_keys, slot_rows = hash_table.new_slots(16)
     hash_table.find_or_insert(slot_keys, slot_rows, torch.tensor([9, 4, -3]), 0)
     return slot_keys, slot_rows
+
+
+def an_index():
+    """An index (arrays for 4 buckets, a directory of 8) of keys 9, 4 and -3
+    (rows 0-2), and its arena of 8 rows."""
+    index = bucket_index.new_index(8, 4)
+    arena = torch.zeros(8, dtype=torch.int64)
+    bucket_index.find_or_insert(*index, arena, torch.tensor([9, 4, -3]), 0)
+    return (*index, arena)
 
 
 def forward_index():
@@ -59,6 +70,8 @@ def samples():
         "find_or_insert": (*a_map(), torch.tensor([4, 11, 11, -3]), 3),
         "find": (*a_map(), torch.tensor([4, 11, -3])),
         "rehash": (*a_map(), 64, None),
+        "bucket_find_or_insert": (*an_index(), torch.tensor([4, 11, 11, -3]), 3),
+        "bucket_find": (*an_index(), torch.tensor([4, 11, -3])),
         "jagged_attention_forward": attention_inputs(),
         "jagged_attention_backward": (*attention_inputs(),
                                       *torch.ops.reckeras.jagged_attention_forward(
@@ -106,7 +119,8 @@ def test_mutated_arguments_are_declared():
                for name in OPS}
     assert {name: args for name, args in mutated.items() if args} == {
         "update": ["weights", "state"], "aggregate_and_update": ["weights", "state"],
-        "find_or_insert": ["slot_keys", "slot_rows"]}
+        "find_or_insert": ["slot_keys", "slot_rows"],
+        "bucket_find_or_insert": ["digests", "slots", "depths", "directory", "shape", "arena"]}
 
 
 def test_fake_tensors_get_the_shapes_and_dtypes_of_the_outputs():
@@ -120,6 +134,8 @@ def test_fake_tensors_get_the_shapes_and_dtypes_of_the_outputs():
         initial = hashing.initial_rows(*fake["initial_rows"])
         values, offsets, weights = torch.ops.reckeras.pack_sequences(*fake["pack_sequences"])
         new_keys, new_rows = hash_table.rehash(*fake["rehash"])
+        rows, count = torch.ops.reckeras.bucket_find_or_insert(*fake["bucket_find_or_insert"])
+        found = bucket_index.find(*fake["bucket_find"])
         crossed = transforms.cross(*fake["cross"])
         buckets = transforms.bucketize(*fake["bucketize"])
         compacted, compacted_offsets = ragged_layout.compact_present(*fake["compact_present"])
@@ -130,6 +146,9 @@ def test_fake_tensors_get_the_shapes_and_dtypes_of_the_outputs():
     assert (initial.shape, initial.dtype) == ((3, 4), torch.float32)
     assert offsets.shape == (5,) and weights.shape == values.shape
     assert new_keys.shape == new_rows.shape == (64,)
+    assert (rows.shape, rows.dtype, count.shape, count.dtype) == ((4,), torch.int64, (),
+                                                                  torch.int64)
+    assert (found.shape, found.dtype) == ((3,), torch.int64)
     assert (crossed.shape, crossed.dtype) == ((2, 2), torch.int64)
     assert (buckets.shape, buckets.dtype) == ((2, 3), torch.int64)
     assert compacted_offsets.shape == (5,) and not isinstance(compacted.shape[0], int)

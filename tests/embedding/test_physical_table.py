@@ -29,7 +29,7 @@ def test_growth_without_bound_keeps_mapping():
     assert table.num_rows == 50_000
     assert torch.equal(table.find(keys), rows)
     assert torch.equal(table.keys[rows], keys)
-    assert table.slot_keys.numel() >= 100_000
+    assert table.key_index.slot_keys.numel() >= 100_000
 
 
 def test_initial_rows_depend_on_key_and_seed_only():
@@ -94,7 +94,7 @@ def test_a_large_table_grows_in_place(monkeypatch):
     # Tracking (each row's generation and count, one int32) has one entry
     # more: the one row -1 (no row) writes into.
     assert parts["keys"] == 5000 * 8 and parts["tracking"] == 5001 * 4
-    assert parts["index"] == table.slot_keys.numel() * 16
+    assert parts["index"] == table.key_index.slot_keys.numel() * 16
     assert table.stats()["bytes"] == sum(parts.values())
 
 
@@ -115,23 +115,23 @@ def test_a_load_into_a_reserved_table_then_growth(monkeypatch):
 
 @pytest.mark.slow
 def test_the_index_is_built_ahead_in_the_background(monkeypatch):
-    from reckeras.embedding import physical_table as table_module
-    monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
+    from reckeras.embedding import key_index as index_module
+    monkeypatch.setattr(index_module, "BUILD_AHEAD_FROM_SLOTS", 64)
     builds = []
-    original = table_module.IndexBuild
+    original = index_module.IndexBuild
 
     def counted(*args):
         build = original(*args)
         builds.append((build, build.rows))
         return build
 
-    monkeypatch.setattr(table_module, "IndexBuild", counted)
+    monkeypatch.setattr(index_module, "IndexBuild", counted)
     table = PhysicalTable(dim=2, seed=5)
     keys = torch.randperm(200_000) * 104729 - 2**40
     rows = []
     for chunk in keys.split(997):
         rows.append(table.find_or_insert(chunk))
-        if table._next_index is not None:
+        if table.key_index.building is not None:
             time.sleep(2 * CATCH_UP_S)     # let the build catch up
     rows = torch.cat(rows)
     # The doublings past 4096 slots (where a chunk of 997 keys no longer
@@ -140,25 +140,25 @@ def test_the_index_is_built_ahead_in_the_background(monkeypatch):
     assert len(builds) >= 7 and all(start > 0 for _, start in builds)
     # The builds took the keys created while they ran, not only those before.
     assert all(build.rows > start for build, start in builds)
-    assert table.slot_keys.numel() == 2**19
+    assert table.key_index.slot_keys.numel() == 2**19
     assert torch.equal(rows, torch.arange(200_000))
     assert torch.equal(table.find(keys), rows)
     assert torch.equal(table.keys[:200_000], keys)
 
 
 def test_a_load_during_a_background_build_wins(monkeypatch):
-    from reckeras.embedding import physical_table as table_module
-    monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
+    from reckeras.embedding import key_index as index_module
+    monkeypatch.setattr(index_module, "BUILD_AHEAD_FROM_SLOTS", 64)
     table = PhysicalTable(dim=2, seed=5)
     table.find_or_insert(torch.arange(50))              # 128 slots
     table.find_or_insert(torch.arange(50, 60))          # 50 rows: past 60% of its 64
-    assert table._next_index is not None
+    assert table.key_index.building is not None
     source = PhysicalTable(dim=2, seed=5)
     source.find_or_insert(torch.arange(1000, 1030))
-    building = table._next_index
+    building = table.key_index.building
     table.load(source.export())
     # The build of the old rows is dropped.
-    assert building is not None and table._next_index is None
+    assert building is not None and table.key_index.building is None
     table.find_or_insert(torch.arange(2000, 2100))
     assert bool((table.find(torch.arange(60)) == -1).all())
     assert torch.equal(table.keys[table.find(torch.arange(1000, 1030))],
@@ -169,12 +169,12 @@ def test_a_load_during_a_background_build_wins(monkeypatch):
 def test_a_table_dropped_during_a_background_build_ends_it(monkeypatch):
     import gc
     import threading
-    from reckeras.embedding import physical_table as table_module
-    monkeypatch.setattr(table_module, "BUILD_AHEAD_FROM_SLOTS", 64)
+    from reckeras.embedding import key_index as index_module
+    monkeypatch.setattr(index_module, "BUILD_AHEAD_FROM_SLOTS", 64)
     table = PhysicalTable(dim=2, seed=5, name="dropped")
     table.find_or_insert(torch.arange(50))
     table.find_or_insert(torch.arange(50, 60))
-    build = table._next_index
+    build = table.key_index.building
     assert build is not None
     del table
     gc.collect()
@@ -186,7 +186,7 @@ def test_a_table_dropped_during_a_background_build_ends_it(monkeypatch):
 EXITS_DURING_A_BUILD = """
 import threading, time, torch
 from reckeras.backend_kernels import hash_table
-from reckeras.embedding import physical_table as table_module
+from reckeras.embedding import key_index, physical_table as table_module
 real_rehash = hash_table.rehash
 started = threading.Event()
 
@@ -198,12 +198,12 @@ def slow_rehash(*args, **kwargs):
     return real_rehash(*args, **kwargs)
 
 hash_table.rehash = slow_rehash
-table_module.BUILD_AHEAD_FROM_SLOTS = 64
+key_index.BUILD_AHEAD_FROM_SLOTS = 64
 torch.set_num_threads(2)
 table = table_module.PhysicalTable(dim=2, seed=5)
 table.find_or_insert(torch.arange(50))
 table.find_or_insert(torch.arange(50, 60))
-assert table._next_index is not None
+assert table.key_index.building is not None
 assert started.wait(10)
 print("leaving while the build runs")
 """
@@ -229,9 +229,9 @@ def test_reserved_rows_are_inserted_without_moving_the_arrays():
     table.load({"keys": np.arange(100), "weights": np.ones((100, 4), np.float32),
                 "state": np.zeros((100, 0), np.float32)})
     table.reserve_rows(50)
-    weights, slots = table.weights.data_ptr(), table.slot_keys.data_ptr()
+    weights, slots = table.weights.data_ptr(), table.key_index.slot_keys.data_ptr()
     rows = table.find_or_insert(torch.arange(100, 150))
     assert torch.equal(rows, torch.arange(100, 150))
-    assert (table.weights.data_ptr(), table.slot_keys.data_ptr()) == (weights, slots)
+    assert (table.weights.data_ptr(), table.key_index.slot_keys.data_ptr()) == (weights, slots)
     np.testing.assert_array_equal(table.find(torch.arange(150)).numpy(), np.arange(150))
     np.testing.assert_array_equal(table.weights[:100].numpy(), np.ones((100, 4)))

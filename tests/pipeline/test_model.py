@@ -150,7 +150,7 @@ def test_embedding_stats():
     parts, capacity = table.memory_by_part(), table.weights.shape[0]
     assert (parts["rows"], parts["optimizer_state"], parts["keys"]) == (
         capacity * 32, capacity * 4, capacity * 8)
-    assert parts["index"] == table.slot_keys.numel() * 16
+    assert parts["index"] == table.key_index.slot_keys.numel() * 16
     assert table.num_rows == 40          # 20 ids of "a" + 20 of "b"
     assert rank0["requests"] > 0 and layer_stats["rows_imbalance"] == 1.0
 

@@ -1,0 +1,694 @@
+"""Key -> row index in buckets of 32 slots, grown one bucket at a time.
+
+The index of a table keeps no keys: a slot is one byte of the key's digest
+(0: free) and the int32 row + 1 (0: free), and the keys stay in the table's
+key array (`arena`, each row's key), read only to confirm a digest match.
+Five bytes a slot, run near full: memory a row is about
+`row + state + 8 (the key) + 5 / load`.
+
+Addressing is extendible hashing with two choices. A key's 64-bit
+`mix64(key)` gives two 32-bit hashes `a` and `b`; with the index's global
+depth `G`, its two buckets are `directory[a >> (32 - G)]` and
+`directory[b >> (32 - G)]`, and it is stored in the less full one. When both
+are full, the one of smaller local depth splits: the directory doubles (in
+place, every entry becoming two) when that depth is `G`, a new bucket is
+appended, and the bucket's keys whose hash has the next bit set move into
+it. So the index grows one bucket at a time, never holds a second copy of
+itself, and its arrays grow the way the table's rows do (inside reserved
+address space on a large CPU table). Two choices keep the buckets about
+0.83 full on average, where one choice leaves them at about 0.69.
+
+The index's tensors, as `new_index` makes them:
+
+* `digests`: uint8 `[capacity, SLOTS]`;
+* `slots`: int32 `[capacity, SLOTS]`, row + 1;
+* `depths`: uint8 `[capacity]`, each bucket's local depth;
+* `directory`: int32 `[directory capacity]`, its first `2**G` entries in use;
+* `shape`: int64 `[2]` on the CPU: the buckets in use and `G`.
+
+Arrays that come zeroed are an empty index, so fresh pages of reserved
+memory need no fill.
+
+`find_or_insert` resolves a batch of keys (duplicates allowed) and numbers
+the rows of new keys from `num_rows` on, writing their keys into the arena.
+A key that finds no room (the arrays are full: no bucket left to split into,
+or the directory cannot double) resolves to -1 and nothing of it is kept;
+the caller grows the arrays and calls again (`room_needed`).
+
+* torch reference (CPU tensors): vectorized over keys; the new keys are
+  placed in rounds (each key to the less full of its buckets, keys racing
+  for one bucket in key order), their rows numbered in the order they are
+  placed, smaller keys first within a round; the buckets that block a
+  round split together.
+* Triton (CUDA tensors): one lane a key looks at its buckets' 32 slots at
+  once; a new key claims a free slot with `tl.atomic_cas` and then a row
+  from a counter; the keys whose buckets are both full are placed again
+  after the reference's split.
+* native CPU kernel (`cpu_native`): the lookups on torch's threads, the
+  inserts in one loop on the calling thread, rows in order of first
+  position.
+
+All give the same key -> row mapping up to the numbering of the rows created
+by one call and where in its bucket a key sits.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from reckeras.backend_kernels import cpu_native
+from reckeras.backend_kernels.dispatch import blocks, constexpr, kernel, register
+from reckeras.backend_kernels.hashing import GOLDEN, mix64, mix64_bits
+
+if TYPE_CHECKING:
+    # The kernels' `tl`: `dispatch.Kernel.jit` binds it when it jits them.
+    import triton.language as tl
+
+# (digests, slots, depths, directory, shape)
+Index = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+SLOTS = 32
+MAX_DEPTH = 32          # bits of each of a key's two hashes
+BLOCK = 64
+LOW_32 = 0xFFFFFFFF
+
+
+def new_index(directory_capacity: int = 1, capacity: int = 1,
+              device: torch.device | str | None = None) -> Index:
+    """An empty index: one bucket, a directory of one entry.
+
+    Args:
+        directory_capacity: entries the directory has room for.
+        capacity: buckets the arrays have room for.
+        device: where the arrays live (`shape` is always on the CPU).
+
+    Returns:
+        `(digests, slots, depths, directory, shape)` (see the module docstring).
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.bucket_index import new_index
+
+    digests, slots, depths, directory, shape = new_index(64, 8)
+    shape   # tensor([1, 0]): one bucket, global depth 0
+    ```
+    """
+    return (torch.zeros(capacity, SLOTS, dtype=torch.uint8, device=device),
+            torch.zeros(capacity, SLOTS, dtype=torch.int32, device=device),
+            torch.zeros(capacity, dtype=torch.uint8, device=device),
+            torch.zeros(directory_capacity, dtype=torch.int32, device=device),
+            torch.tensor([1, 0], dtype=torch.int64))
+
+
+def room_needed(shape: torch.Tensor, new_keys: int) -> tuple[int, int]:
+    """The capacities that let `new_keys` more keys in without running out.
+
+    Enough in practice: each new key may split a bucket, and the directory
+    may double twice past its depth for the buckets that grow. Should the
+    splits need more, the keys that found no room resolve to -1 and the
+    caller grows the arrays again.
+
+    Args:
+        shape: the index's `shape`.
+        new_keys: the keys about to be inserted.
+
+    Returns:
+        `(bucket capacity, directory capacity)`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.bucket_index import new_index, room_needed
+
+    room_needed(new_index()[4], 1000)   # (1001, 4096)
+    ```
+    """
+    buckets = int(shape[0]) + new_keys
+    depth = max(int(shape[1]), (buckets - 1).bit_length()) + 2
+    return buckets, 2 ** min(depth, MAX_DEPTH)
+
+
+def with_room(index: Index, new_keys: int) -> Index:
+    """The index, its arrays copied into larger zeroed ones where they lack
+    the room `room_needed` asks for (at least doubling them).
+
+    For an index whose arrays are not kept elsewhere in reserved memory (a
+    large CPU table grows its own in place, see `embedding.physical_table`).
+
+    Args:
+        index: `(digests, slots, depths, directory, shape)`.
+        new_keys: the keys about to be inserted.
+
+    Returns:
+        The index with room; arrays that had it are the same tensors.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.bucket_index import new_index, with_room
+
+    index = with_room(new_index(), 1000)
+    index[0].shape, index[3].shape   # (torch.Size([1001, 32]), torch.Size([4096]))
+    ```
+    """
+    digests, slots, depths, directory, shape = index
+    buckets, entries = room_needed(shape, new_keys)
+    if buckets > digests.shape[0]:
+        capacity = max(buckets, 2 * digests.shape[0])
+        digests, slots, depths = (_zero_extended(a, capacity) for a in (digests, slots, depths))
+    if entries > directory.shape[0]:
+        directory = _zero_extended(directory, max(entries, 2 * directory.shape[0]))
+    return digests, slots, depths, directory, shape
+
+
+def _zero_extended(array: torch.Tensor, rows: int) -> torch.Tensor:
+    grown = array.new_zeros((rows, *array.shape[1:]))
+    grown[:array.shape[0]] = array
+    return grown
+
+
+def load(shape: torch.Tensor, num_rows: int) -> float:
+    """The share of the index's slots in use.
+
+    Args:
+        shape: the index's `shape`.
+        num_rows: the keys it holds.
+
+    Returns:
+        `num_rows / (buckets * SLOTS)`.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels.bucket_index import load, new_index
+
+    load(new_index()[4], 16)   # 0.5
+    ```
+    """
+    return num_rows / (int(shape[0]) * SLOTS)
+
+
+# ---- torch reference ------------------------------------------------------------
+
+def _hashes(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each key's two 32-bit hashes (int64) and its digest (uint8, never 0)."""
+    mixed = mix64(keys)
+    first = (mixed >> 32) & LOW_32
+    second = mixed & LOW_32
+    digest = ((keys * GOLDEN) >> 56) & 0xFF
+    return first, second, torch.where(digest == 0, 1, digest).to(torch.uint8)
+
+
+def _buckets(directory: torch.Tensor, hashes: torch.Tensor, depth: int) -> torch.Tensor:
+    """The bucket (int64) of each hash's directory entry."""
+    return directory.index_select(0, hashes >> (MAX_DEPTH - depth)).long()
+
+
+def _look(digests: torch.Tensor, slots: torch.Tensor, arena: torch.Tensor,
+          buckets: torch.Tensor, keys: torch.Tensor, digest: torch.Tensor,
+          rows: torch.Tensor) -> None:
+    """Fills `rows` (-1 where unknown) of the keys found in `buckets`."""
+    match_key, match_slot = (digests.index_select(0, buckets) == digest[:, None]).nonzero(
+        as_tuple=True)
+    row = slots[buckets.index_select(0, match_key), match_slot].long() - 1
+    hit = arena.index_select(0, row) == keys.index_select(0, match_key)
+    rows.index_copy_(0, match_key[hit], row[hit])
+
+
+def _find(index: Index, arena: torch.Tensor,
+          keys: torch.Tensor) -> torch.Tensor:
+    digests, slots, _, directory, shape = index
+    depth = int(shape[1])
+    first, second, digest = _hashes(keys)
+    rows = torch.full_like(keys, -1)
+    _look(digests, slots, arena, _buckets(directory, first, depth), keys, digest, rows)
+    _look(digests, slots, arena, _buckets(directory, second, depth), keys, digest, rows)
+    return rows
+
+
+def _fill(digests: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
+    return (digests.index_select(0, buckets) != 0).sum(1)
+
+
+def split(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+          directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+          buckets: torch.Tensor) -> bool:
+    """Splits distinct non-empty buckets at once (torch ops, any device).
+
+    Doubles the directory first if one of them has the global depth. Each
+    bucket's keys whose hash (the one whose entry led there) has the next
+    bit set move to a new bucket appended after the others.
+
+    Args:
+        digests, slots, depths, directory, shape: the index, updated in place.
+        arena: int64 each row's key.
+        buckets: int64 distinct buckets, each holding at least one key.
+
+    Returns:
+        Whether they were split; False (nothing changed) when the arrays
+        have no room for the new buckets or the doubled directory.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index
+
+    index = bucket_index.new_index(8, 4)
+    arena = torch.arange(40)
+    bucket_index.find_or_insert(*index, arena, arena.clone(), 0)
+    ```
+    """
+    count, depth = (int(v) for v in shape.tolist())
+    if count + buckets.numel() > digests.shape[0]:
+        return False
+    local = depths.index_select(0, buckets).long()
+    if bool((local == depth).any()):
+        if depth == MAX_DEPTH or 2 ** (depth + 1) > directory.shape[0]:
+            return False
+        directory[:2 ** (depth + 1)] = directory[:2 ** depth].repeat_interleave(2)
+        depth += 1
+    span = 2 ** (depth - local)
+    half = span // 2
+    member_slots = slots.index_select(0, buckets).long() - 1             # [k, SLOTS]
+    member_keys = arena.index_select(0, member_slots.clamp(min=0).flatten()).view(
+        member_slots.shape)
+    first, second, _ = _hashes(member_keys.flatten())
+    first = (first >> (MAX_DEPTH - depth)).view(member_slots.shape)
+    second = (second >> (MAX_DEPTH - depth)).view(member_slots.shape)
+    # The bucket's directory range, from the hash that led its first member here.
+    occupied = digests.index_select(0, buckets) != 0
+    member = occupied.int().argmax(1, keepdim=True)
+    entry = first.gather(1, member).squeeze(1)
+    entry = torch.where(directory.index_select(0, entry).long() == buckets, entry,
+                        second.gather(1, member).squeeze(1))
+    start = entry & ~(span - 1)
+    fresh = torch.arange(count, count + buckets.numel(), device=buckets.device)
+    upper = torch.repeat_interleave(start + half, half)
+    upper += torch.arange(upper.numel(), device=buckets.device) - torch.repeat_interleave(
+        torch.cumsum(half, 0) - half, half)
+    directory.index_copy_(0, upper, torch.repeat_interleave(fresh, half).int())
+    depths.index_copy_(0, buckets, (local + 1).to(torch.uint8))
+    depths.index_copy_(0, fresh, (local + 1).to(torch.uint8))
+    # Each member's entry through the hash that led it here; those in the
+    # upper half of the range move.
+    by_first = (first >= start[:, None]) & (first < (start + span)[:, None])
+    entry = torch.where(by_first, first, second)
+    moves = occupied & (entry >= (start + half)[:, None])
+    digests[fresh] = 0
+    slots[fresh] = 0
+    source, position = moves.nonzero(as_tuple=True)
+    target = (moves.cumsum(1) - 1)[source, position]
+    from_bucket, to_bucket = buckets[source], fresh[source]
+    digests[to_bucket, target] = digests[from_bucket, position]
+    slots[to_bucket, target] = slots[from_bucket, position]
+    digests[from_bucket, position] = 0
+    slots[from_bucket, position] = 0
+    shape.copy_(torch.tensor([count + buckets.numel(), depth]))
+    return True
+
+
+def _place_round(index: Index, arena: torch.Tensor,
+                 keys: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Places what it can of distinct absent `keys` (ascending) in one round.
+
+    Returns:
+        `(rows, blocked)`: each key's new row (`num_rows` on, in key order;
+        -1: not placed this round) and whether its two buckets were both
+        full.
+    """
+    digests, slots, _, directory, shape = index
+    depth = int(shape[1])
+    first, second, digest = _hashes(keys)
+    first, second = _buckets(directory, first, depth), _buckets(directory, second, depth)
+    fill_first, fill_second = _fill(digests, first), _fill(digests, second)
+    target = torch.where(fill_second < fill_first, second, first)
+    free = SLOTS - torch.minimum(fill_first, fill_second)
+    # Each key's rank among the keys of its target bucket, in key order.
+    order = torch.sort(target, stable=True).indices
+    grouped = target.index_select(0, order)
+    starts = torch.ones_like(grouped, dtype=torch.bool)
+    starts[1:] = grouped[1:] != grouped[:-1]
+    index_in_order = torch.arange(grouped.numel(), device=keys.device)
+    group_start = torch.cummax(torch.where(starts, index_in_order, 0), 0).values
+    rank = torch.empty_like(order).scatter_(0, order, index_in_order - group_start)
+    placed = rank < free
+    chosen = placed.nonzero().squeeze(1)
+    buckets = target.index_select(0, chosen)
+    empty = digests.index_select(0, buckets) == 0
+    position = ((empty.cumsum(1) == (rank.index_select(0, chosen) + 1)[:, None]) & empty
+                ).int().argmax(1)
+    rows = torch.arange(num_rows, num_rows + chosen.numel(), device=keys.device)
+    digests[buckets, position] = digest.index_select(0, chosen)
+    slots[buckets, position] = (rows + 1).int()
+    arena[rows] = keys.index_select(0, chosen)
+    return torch.full_like(keys, -1).index_copy_(0, chosen, rows), free == 0
+
+
+def _find_or_insert(index: Index, arena: torch.Tensor, keys: torch.Tensor,
+                    num_rows: int, place_round) -> tuple[torch.Tensor, int]:
+    """`find_or_insert` with `place_round` placing the keys (see `_place_round`)."""
+    rows = _find(index, arena, keys)
+    absent = (rows < 0).nonzero().squeeze(1)
+    if not absent.numel():
+        return rows, num_rows
+    distinct, inverse = torch.unique(keys.index_select(0, absent), return_inverse=True)
+    new_rows = torch.full_like(distinct, -1)
+    # As many as the arena has rows for (and int32 slots can number).
+    pending = distinct[:max(min(arena.shape[0], 2**31 - 1) - num_rows, 0)]
+    position = torch.arange(pending.numel(), device=keys.device)
+    _, _, depths, directory, shape = index
+    while pending.numel():
+        placed_rows, blocked = place_round(index, arena, pending, num_rows)
+        placed = placed_rows >= 0
+        new_rows.index_copy_(0, position[placed], placed_rows[placed])
+        num_rows += int(placed.sum())
+        if bool(blocked.any()):
+            depth = int(shape[1])
+            first, second, _ = _hashes(pending[blocked])
+            first = _buckets(directory, first, depth)
+            second = _buckets(directory, second, depth)
+            # Of each blocked key's two buckets, the one of smaller local depth.
+            victims = torch.where(depths.index_select(0, second) < depths.index_select(
+                0, first), second, first)
+            if not split(*index, arena=arena, buckets=torch.unique(victims)):
+                break                                      # no room: the rest stay -1
+        pending, position = pending[~placed], position[~placed]
+    rows.index_copy_(0, absent, new_rows.index_select(0, inverse))
+    return rows, num_rows
+
+
+def find_or_insert_reference(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+                             directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+                             keys: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, int]:
+    """`find_or_insert` with torch ops (deterministic numbering).
+
+    Args:
+        digests, slots, depths, directory, shape, arena, keys, num_rows: as
+            for `find_or_insert`.
+
+    Returns:
+        What `find_or_insert` returns.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index
+
+    index = bucket_index.new_index(64, 8)
+    arena = torch.empty(8, dtype=torch.int64)
+    bucket_index.find_or_insert_reference(*index, arena, torch.tensor([9, 4, 9]), 0)
+    # (tensor([1, 0, 1]), 2): 4 < 9 is numbered first
+    ```
+    """
+    return _find_or_insert((digests, slots, depths, directory, shape), arena, keys, num_rows,
+                           _place_round)
+
+
+def find_reference(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+                   directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+                   keys: torch.Tensor) -> torch.Tensor:
+    """`find` with torch ops.
+
+    Args:
+        digests, slots, depths, directory, shape, arena, keys: as for `find`.
+
+    Returns:
+        int64 `[n]` rows, -1 for keys not in the index.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index
+
+    index = bucket_index.new_index(8)
+    bucket_index.find_reference(*index, torch.empty(0, dtype=torch.int64),
+                                torch.tensor([3]))   # tensor([-1])
+    ```
+    """
+    return _find((digests, slots, depths, directory, shape), arena, keys)
+
+
+# ---- Triton kernels ----------------------------------------------------------------
+
+@kernel
+def _hashes_bits(key, depth):
+    """A key's two directory entries and its digest (int32), in a kernel."""
+    mixed = mix64_bits(key).to(tl.uint64, bitcast=True)
+    shift = (MAX_DEPTH - depth).to(tl.uint64)
+    first = ((mixed >> 32) >> shift).to(tl.int64)
+    second = ((mixed & LOW_32) >> shift).to(tl.int64)
+    digest = (((key * GOLDEN).to(tl.uint64, bitcast=True) >> 56) & 0xFF).to(tl.int32)
+    return first, second, tl.where(digest == 0, 1, digest)
+
+
+@kernel
+def _row_in(digests_ptr, slots_ptr, arena_ptr, bucket, key, digest, live,
+            SLOTS: constexpr):
+    """Each lane's row in its bucket, -1 where its key is not there."""
+    cells = bucket[:, None] * SLOTS + tl.arange(0, SLOTS)[None, :]
+    match = live[:, None] & (tl.load(digests_ptr + cells, mask=live[:, None], other=0)
+                             .to(tl.int32) == digest[:, None])
+    row = tl.load(slots_ptr + cells, mask=match, other=0).to(tl.int64) - 1
+    hit = match & (tl.load(arena_ptr + row, mask=match, other=0) == key[:, None])
+    return tl.max(tl.where(hit, row, -1), 1)
+
+
+@kernel(do_not_specialize=("n", "depth"))
+def _find_kernel(digests_ptr, slots_ptr, directory_ptr, arena_ptr, keys_ptr, rows_ptr, n,
+                 depth, BLOCK: constexpr, SLOTS: constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < n
+    key = tl.load(keys_ptr + offs, mask=live, other=0)
+    first, second, digest = _hashes_bits(key, depth)
+    first = tl.load(directory_ptr + first, mask=live, other=0).to(tl.int64)
+    second = tl.load(directory_ptr + second, mask=live, other=0).to(tl.int64)
+    row = _row_in(digests_ptr, slots_ptr, arena_ptr, first, key, digest, live, SLOTS)
+    row = tl.where(row >= 0, row,
+                   _row_in(digests_ptr, slots_ptr, arena_ptr, second, key, digest,
+                           live & (second != first), SLOTS))
+    tl.store(rows_ptr + offs, row, mask=live)
+
+
+@kernel(do_not_specialize=("n", "depth"))
+def _place_kernel(digests_ptr, slots_ptr, directory_ptr, arena_ptr, counter_ptr, keys_ptr,
+                  rows_ptr, n, depth, BLOCK: constexpr, SLOTS: constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < n
+    key = tl.load(keys_ptr + offs, mask=live, other=0)
+    first, second, digest = _hashes_bits(key, depth)
+    first = tl.load(directory_ptr + first, mask=live, other=0).to(tl.int64)
+    second = tl.load(directory_ptr + second, mask=live, other=0).to(tl.int64)
+    columns = tl.arange(0, SLOTS)[None, :]
+    row = tl.full([BLOCK], -1, tl.int64)
+    pending = live
+    while tl.sum(pending.to(tl.int32), 0) > 0:
+        # A slot is taken once its row is claimed (-1) or written: slots, not
+        # digests, tell, as the digest is written after the claim.
+        taken_first = tl.load(slots_ptr + first[:, None] * SLOTS + columns,
+                              mask=pending[:, None], other=1) != 0
+        taken_second = tl.load(slots_ptr + second[:, None] * SLOTS + columns,
+                               mask=pending[:, None], other=1) != 0
+        fill_first = tl.sum(taken_first.to(tl.int32), 1)
+        fill_second = tl.sum(taken_second.to(tl.int32), 1)
+        use_second = fill_second < fill_first
+        bucket = tl.where(use_second, second, first)
+        taken = tl.where(use_second[:, None], taken_second, taken_first)
+        full = tl.minimum(fill_first, fill_second) >= SLOTS
+        pending = pending & ~full                        # both full: placed after a split
+        # The first free slot (taken slots weigh more than any position).
+        position = tl.argmin(taken.to(tl.int32) * SLOTS + columns, 1).to(tl.int64)
+        cell = bucket * SLOTS + position
+        # atomic_cas takes no mask: the other lanes compare with -2, which no
+        # slot holds, and so write nothing.
+        old = tl.atomic_cas(slots_ptr + cell, tl.where(pending, 0, -2).to(tl.int32),
+                            tl.where(pending, -1, -2).to(tl.int32))
+        won = pending & (old == 0)
+        claimed = tl.atomic_add(counter_ptr + tl.zeros([BLOCK], tl.int64), 1, mask=won)
+        tl.store(slots_ptr + cell, (claimed + 1).to(tl.int32), mask=won)
+        tl.store(digests_ptr + cell, digest.to(tl.uint8), mask=won)
+        tl.store(arena_ptr + claimed, key, mask=won)
+        row = tl.where(won, claimed, row)
+        pending = pending & ~won
+    tl.store(rows_ptr + offs, row, mask=live)
+
+
+def find_triton(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+                directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+                keys: torch.Tensor) -> torch.Tensor:
+    """`find` with the Triton kernel (CUDA tensors).
+
+    Args:
+        digests, slots, depths, directory, shape, arena, keys: as for `find`.
+
+    Returns:
+        int64 `[n]` rows, -1 for keys not in the index.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index
+
+    index = bucket_index.new_index(8, device="cuda")
+    bucket_index.find_triton(*index, torch.empty(0, dtype=torch.int64, device="cuda"),
+                             torch.tensor([3], device="cuda"))   # [-1]
+    ```
+    """
+    keys = keys.contiguous()
+    rows = torch.empty_like(keys)
+    if keys.numel():
+        _find_kernel[(blocks(keys.numel(), BLOCK),)](
+            digests, slots, directory, arena, keys, rows, keys.numel(), int(shape[1]),
+            BLOCK=BLOCK, SLOTS=SLOTS)
+    return rows
+
+
+def _place_triton(index: Index, arena: torch.Tensor, keys: torch.Tensor,
+                  num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_place_round` with the Triton kernel: every key claims a slot at
+    once, its row numbered in the order the claims took a row; the keys
+    left are those whose two buckets are full."""
+    digests, slots, _, directory, shape = index
+    rows = torch.empty_like(keys)
+    counter = torch.tensor([num_rows], dtype=torch.int64, device=keys.device)
+    _place_kernel[(blocks(keys.numel(), BLOCK),)](
+        digests, slots, directory, arena, counter, keys, rows, keys.numel(), int(shape[1]),
+        BLOCK=BLOCK, SLOTS=SLOTS)
+    return rows, rows < 0
+
+
+def find_or_insert_triton(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+                          directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+                          keys: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, int]:
+    """`find_or_insert` with the Triton kernels (CUDA tensors).
+
+    The new keys are numbered in the order their claims took a row.
+
+    Args:
+        digests, slots, depths, directory, shape, arena, keys, num_rows: as
+            for `find_or_insert`.
+
+    Returns:
+        What `find_or_insert` returns.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index
+
+    index = bucket_index.new_index(64, 8, device="cuda")
+    arena = torch.empty(8, dtype=torch.int64, device="cuda")
+    bucket_index.find_or_insert_triton(*index, arena,
+                                       torch.tensor([9, 4, 9], device="cuda"), 0)
+    ```
+    """
+    index = (digests, slots, depths, directory, shape)
+    return _find_or_insert(index, arena, keys, num_rows, _place_triton)
+
+
+# ---- the torch ops (dispatch.register) ------------------------------------------------
+
+def _count_as_tensor(fn):
+    """`fn` of the find-or-insert signature, its row count returned as a 0-dim
+    int64 CPU tensor (an op returns tensors: a data-dependent int would
+    defeat its fake implementation)."""
+    def counted(*args):
+        rows, count = fn(*args)
+        return rows, torch.tensor(count)
+    return counted
+
+
+def _find_native(digests, slots, depths, directory, shape, arena, keys):
+    return cpu_native.bucket_find_or_insert(digests, slots, depths, directory, shape, arena,
+                                            keys, _arena_rows(arena), insert=False)[0]
+
+
+def _arena_rows(arena: torch.Tensor) -> int:
+    # A find reads rows through slots the index itself wrote; any row of the
+    # arena (up to what int32 slots number) is one it may hold.
+    return min(arena.shape[0], 2**31 - 1)
+
+
+def _native_usable(*tensors) -> bool:
+    return all(t.is_cpu and t.is_contiguous() for t in tensors
+               if isinstance(t, torch.Tensor)) and cpu_native.available()
+
+
+_find_or_insert_op = register(
+    "bucket_find_or_insert(Tensor(a!) digests, Tensor(b!) slots, Tensor(c!) depths, "
+    "Tensor(d!) directory, Tensor(e!) shape, Tensor(f!) arena, Tensor keys, int num_rows)"
+    " -> (Tensor, Tensor)",
+    reference=_count_as_tensor(find_or_insert_reference),
+    triton=_count_as_tensor(find_or_insert_triton),
+    native=_count_as_tensor(cpu_native.bucket_find_or_insert), native_usable=_native_usable,
+    fake=lambda *args: (torch.empty_like(args[6]), torch.empty((), dtype=torch.int64)))
+_find_op = register(
+    "bucket_find(Tensor digests, Tensor slots, Tensor depths, Tensor directory, "
+    "Tensor shape, Tensor arena, Tensor keys) -> Tensor",
+    reference=find_reference, triton=find_triton, native=_find_native,
+    native_usable=_native_usable, fake=lambda *args: torch.empty_like(args[6]))
+
+
+# ---- public entry points --------------------------------------------------------------
+
+def find_or_insert(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+                   directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+                   keys: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, int]:
+    """Resolves `keys` to rows, inserting the absent ones (in place).
+
+    The rows of the new keys are `num_rows, num_rows + 1, ...`, in an order
+    that depends on the kernel that runs, and their keys are written to
+    `arena`. A key that finds no room (no arena row left, or no room in the
+    arrays for the splits it needs: size them with `room_needed`) resolves
+    to -1 and nothing of it is kept.
+
+    Args:
+        digests, slots, depths, directory, shape: the index (see the module
+            docstring), updated in place.
+        arena: int64 `[row capacity]`, each row's key.
+        keys: int64 `[n]`, duplicates allowed.
+        num_rows: the rows the arena holds before the call.
+
+    Returns:
+        `(rows, num_rows)`: int64 rows aligned with `keys` and the new count.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index
+
+    index = bucket_index.new_index(64, 8)
+    arena = torch.empty(8, dtype=torch.int64)
+    rows, count = bucket_index.find_or_insert(*index, arena, torch.tensor([9, 4, 9]), 0)
+    count                                                                 # 2
+    bool((bucket_index.find(*index, arena, torch.tensor([9, 4])) == rows[:2]).all())  # True
+    ```
+    """
+    rows, count = _find_or_insert_op(digests, slots, depths, directory, shape, arena, keys,
+                                     num_rows)
+    return rows, int(count)
+
+
+def find(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
+         directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
+         keys: torch.Tensor) -> torch.Tensor:
+    """Rows of `keys`, -1 for keys not in the index; nothing changes.
+
+    Args:
+        digests, slots, depths, directory, shape: the index.
+        arena: int64 each row's key.
+        keys: int64 `[n]`.
+
+    Returns:
+        int64 `[n]` rows.
+
+    Example:
+
+    ```python
+    from reckeras.backend_kernels import bucket_index
+
+    index = bucket_index.new_index(8)
+    bucket_index.find(*index, torch.empty(0, dtype=torch.int64), torch.tensor([3]))  # [-1]
+    ```
+    """
+    return _find_op(digests, slots, depths, directory, shape, arena, keys)
