@@ -193,17 +193,21 @@ def test_implementations_share_one_index(batches, data):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_many_keys_into_a_one_bucket_index(name):
-    # 5000 keys from one bucket and a depth of 0: splits on splits, the
-    # directory doubling again and again inside one call.
+    # 5500 keys (1375 in Triton's interpreter, a program at a time) from one
+    # bucket and a depth of 0: splits on splits, the directory doubling again
+    # and again inside one call.
+    part = 4 if name == "triton" else 1
     generator = torch.Generator().manual_seed(5)
-    keys = torch.cat([torch.randint(INT64_MIN, INT64_MAX, (3000,), generator=generator),
-                      torch.arange(-1000, 1000), (0x5EED << 48) | torch.arange(500)])
+    keys = torch.cat([torch.randint(INT64_MIN, INT64_MAX, (3000 // part,), generator=generator),
+                      torch.arange(-1000 // part, 1000 // part),
+                      (0x5EED << 48) | torch.arange(500 // part)])
     keys = keys[torch.randperm(keys.numel(), generator=generator)]
     mapping = {}
     index, arena = empty_index()
     index, arena, num_rows = insert_batch(name, index, arena, 0, mapping, keys.tolist())
     count, depth = index[4].tolist()
-    assert num_rows == len(set(keys.tolist())) and count > 5000 // SLOTS and depth >= 7
+    assert num_rows == len(set(keys.tolist())) and count > keys.numel() // SLOTS
+    assert depth >= (5 if part > 1 else 7)
     assert 0.5 < load(index[4], num_rows) <= 1
     assert_well_formed(index, arena, num_rows)
     impl = IMPLEMENTATIONS[name]
