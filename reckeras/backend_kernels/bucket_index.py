@@ -255,8 +255,11 @@ def split(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
     from reckeras.backend_kernels import bucket_index
 
     index = bucket_index.new_index(8, 4)
-    arena = torch.arange(40)
-    bucket_index.find_or_insert(*index, arena, arena.clone(), 0)
+    arena = torch.empty(20, dtype=torch.int64)
+    rows, _ = bucket_index.find_or_insert(*index, arena, torch.arange(20), 0)
+    bucket_index.split(*index, arena, torch.tensor([0]))   # True
+    index[4]                                     # tensor([2, 1]): 2 buckets, depth 1
+    bucket_index.find(*index, arena, torch.arange(20))     # the same rows
     ```
     """
     count, depth = (int(v) for v in shape.tolist())
