@@ -104,10 +104,10 @@ def new_index(directory_capacity: int = 1, capacity: int = 1,
 def room_needed(shape: torch.Tensor, new_keys: int) -> tuple[int, int]:
     """The capacities that let `new_keys` more keys in without running out.
 
-    Enough in practice: each new key may split a bucket, and the directory
-    may double twice past its depth for the buckets that grow. Should the
-    splits need more, the keys that found no room resolve to -1 and the
-    caller grows the arrays again.
+    Enough in practice: a new bucket for every 8 new keys (buckets hold
+    22-28 keys on average) and 8 more, and a directory two doublings past
+    the depth those buckets need. Should the splits need more, the keys
+    that found no room resolve to -1 and the caller grows the arrays again.
 
     Args:
         shape: the index's `shape`.
@@ -121,10 +121,10 @@ def room_needed(shape: torch.Tensor, new_keys: int) -> tuple[int, int]:
     ```python
     from reckeras.backend_kernels.bucket_index import new_index, room_needed
 
-    room_needed(new_index()[4], 1000)   # (1001, 4096)
+    room_needed(new_index()[4], 1000)   # (134, 1024)
     ```
     """
-    buckets = int(shape[0]) + new_keys
+    buckets = int(shape[0]) + new_keys // 8 + 8
     depth = max(int(shape[1]), (buckets - 1).bit_length()) + 2
     return buckets, 2 ** min(depth, MAX_DEPTH)
 
@@ -149,7 +149,7 @@ def with_room(index: Index, new_keys: int) -> Index:
     from reckeras.backend_kernels.bucket_index import new_index, with_room
 
     index = with_room(new_index(), 1000)
-    index[0].shape, index[3].shape   # (torch.Size([1001, 32]), torch.Size([4096]))
+    index[0].shape, index[3].shape   # (torch.Size([134, 32]), torch.Size([1024]))
     ```
     """
     digests, slots, depths, directory, shape = index

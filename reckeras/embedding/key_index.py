@@ -57,6 +57,14 @@ class HashIndex:
             (a weak reference is kept).
         device: where the map lives.
         build_ahead: rebuild a large map in the background (a CPU table).
+
+    Example:
+
+    ```python
+    table = PhysicalTable(dim=4)                 # index="hash", the default
+    table.find_or_insert(torch.tensor([7, 9]))   # rows 0, 1
+    table.key_index.slot_keys.numel()            # 16 slots
+    ```
     """
 
     kind = "hash"
@@ -174,6 +182,14 @@ class CompactIndex:
         device: where the index lives.
         reservable: whether its arrays may move into reserved address space
             once large (a CPU table not in pinned memory).
+
+    Example:
+
+    ```python
+    table = PhysicalTable(dim=4, index="compact")
+    table.find_or_insert(torch.arange(1000))     # rows 0 .. 999
+    table.memory_by_part()["index"]              # ~6.5 bytes a key, and the directory
+    ```
     """
 
     kind = "compact"
@@ -290,6 +306,12 @@ def new_index(kind: str, table: Any, device: torch.device,
 
     Raises:
         ValueError: for another `kind`.
+
+    Example:
+
+    ```python
+    index = new_index("compact", table, torch.device("cpu"), pin_memory=False)
+    ```
     """
     on_cpu = device.type == "cpu"
     if kind == "hash":

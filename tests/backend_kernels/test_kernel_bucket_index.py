@@ -314,14 +314,14 @@ def test_the_reference_is_deterministic():
 
 
 def test_load_and_room_needed():
-    # room_needed: the buckets in use plus one a new key; the directory 2**
+    # room_needed: the buckets in use, one more for every 8 new keys and 8; the directory 2**
     # (the depth of that many buckets, or the global depth if larger, + 2).
-    assert room_needed(new_index()[4], 0) == (1, 4)
-    assert room_needed(new_index()[4], 1) == (2, 8)
-    assert room_needed(new_index()[4], 1000) == (1001, 4096)
-    assert room_needed(torch.tensor([5, 3]), 10) == (15, 64)
-    assert room_needed(torch.tensor([5, 9]), 10) == (15, 2**11)
-    assert room_needed(torch.tensor([3, 31]), 1) == (4, 2**32)          # at most 32 bits
+    assert room_needed(new_index()[4], 0) == (9, 64)
+    assert room_needed(new_index()[4], 1) == (9, 64)
+    assert room_needed(new_index()[4], 1000) == (134, 1024)
+    assert room_needed(torch.tensor([5, 3]), 10) == (14, 64)
+    assert room_needed(torch.tensor([5, 9]), 10) == (14, 2**11)
+    assert room_needed(torch.tensor([3, 31]), 1) == (11, 2**32)          # at most 32 bits
     assert load(new_index()[4], 16) == 0.5
     assert load(torch.tensor([4, 2]), 96) == 0.75
     assert load(torch.tensor([10, 5]), 0) == 0.0

@@ -52,14 +52,15 @@ def test_compact_and_hash_tables_hold_the_same_rows():
                                       exported["compact"][name][order["compact"]])
 
 
-def test_a_compact_index_takes_about_6_5_bytes_a_key():
+def test_a_compact_index_takes_about_6_5_bytes_a_key(monkeypatch):
+    monkeypatch.setattr(key_index_module, "RESERVE_FROM_BUCKETS", 64)
     table = PhysicalTable(dim=16, index="compact")
     grow(table, torch.arange(200_000) * 104729, 50_000)
     shape = table.key_index.arrays[4]
     index_bytes = table.memory_by_part()["index"]
     # Buckets of 32 slots (5 bytes each) and a depth byte, and the directory's
-    # entries in use: a batch of 50k new keys asks for room past
-    # RESERVE_FROM_BUCKETS, so the arrays are in reserved memory.
+    # entries in use: past RESERVE_FROM_BUCKETS the arrays are in reserved
+    # memory, where only those count.
     assert index_bytes == int(shape[0]) * 161 + 2 ** int(shape[1]) * 4
     assert 0.6 <= bucket_index.load(shape, 200_000) <= 1.0
     assert index_bytes / 200_000 < 10
