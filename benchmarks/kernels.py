@@ -136,29 +136,10 @@ class FusedEngine:
         return pooled
 
 
-def grown(index, new_keys):
-    """The bucket index with room for ``new_keys`` more keys, as a table of
-    the compact index makes it: each array shorter than ``room_needed`` says
-    copied into a zero-filled one of that size or twice its own, whichever is
-    larger."""
-    capacity, directory_capacity = bucket_index.room_needed(index[4], new_keys)
-
-    def larger(array, size):
-        if array.shape[0] >= size:
-            return array
-        copy = array.new_zeros((max(size, 2 * array.shape[0]), *array.shape[1:]))
-        copy[:array.shape[0]] = array
-        return copy
-
-    digests, slots, depths, directory, shape = index
-    return (larger(digests, capacity), larger(slots, capacity), larger(depths, capacity),
-            larger(directory, directory_capacity), shape)
-
-
 def empty_index(new_keys, device):
     """An empty bucket index with room for ``new_keys`` keys, and an arena of as
     many rows."""
-    return (grown(bucket_index.new_index(device=device), new_keys),
+    return (bucket_index.with_room(bucket_index.new_index(device=device), new_keys),
             torch.empty(new_keys, dtype=torch.int64, device=device))
 
 

@@ -402,7 +402,7 @@ class PhysicalTable(RowStore):
         new_rows, after = self.key_index.insert(new_keys, before, self._grown_keys)
         rows.index_copy_(0, absent, new_rows)
         if after > before:
-            self._grow_rows(after)
+            # The index grew the row arrays for the rows it created (`_grown_keys`).
             created = self.keys[before:after]
             self.weights[before:after] = initial_rows(created, self.dim,
                                                       self.init_scale, self.seed)
