@@ -70,6 +70,19 @@ def in_stateless_scope() -> bool:
     return _in_stateless_scope()
 
 
+def writing_legacy_hdf5() -> bool:
+    """Whether Keras is writing (or reading) a legacy HDF5 model file.
+
+    `keras.saving.save_model(model, "m.h5")` asks the model for its config
+    inside this scope, before it writes any weight: the one moment an
+    `rk.Model` saved that way, not through its own `save`, can refuse.
+
+    Returns:
+        True inside Keras's legacy-config scope (`.h5`/`.hdf5` files).
+    """
+    return bool(_global_state.get_global_attribute("use_legacy_config", False))
+
+
 class DeferredAssignments(keras.StatelessScope):
     """A scope around a training step's forward: the variables it assigns
     (BatchNormalization's moving statistics, a seeded Dropout's seed, a

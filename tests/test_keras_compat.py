@@ -367,3 +367,17 @@ def test_metrics_in_order_puts_the_loss_first_whatever_the_dict_order():
                    verbose=0)     # builds the compiled metrics
     assert _keras_compat.metrics_in_order(model, {"auc": 0.5, "loss": 0.7}) == [0.7, 0.5]
     assert _keras_compat.metrics_in_order(model, {"loss": 0.7}) == 0.7
+
+
+def test_writing_legacy_hdf5_is_true_only_inside_kerass_legacy_scope(tmp_path):
+    seen = []
+
+    class Probe(keras.Model):
+        def get_config(self):
+            seen.append(compat.writing_legacy_hdf5())
+            return {}
+
+    probe = Probe()
+    assert not compat.writing_legacy_hdf5()
+    keras.saving.save_model(probe, tmp_path / "m.h5")
+    assert seen == [True] and not compat.writing_legacy_hdf5()

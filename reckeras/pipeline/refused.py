@@ -34,6 +34,30 @@ class RefusedKerasMethods(_keras_compat.ModelMixin):
                              f"rank is not the model. Use {instead}, which every rank "
                              f"calls and which loads on any number of ranks")
 
+    def _legacy_hdf5_refusal(self, path: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"rk.Model does not save to {path}: Keras's legacy HDF5 format holds "
+            f"Keras variables only, not the embedding tables, and cannot be loaded "
+            f"back. Use save('model.keras') instead")
+
+    def get_config(self) -> dict:
+        """`keras.Model.get_config`; refused while Keras writes a legacy HDF5
+        file, as `keras.saving.save_model(model, "m.h5")` does around
+        `save` (the file it opened is left empty).
+
+        Returns:
+            The model's config.
+
+        Example:
+
+        ```python
+        config = model.get_config()
+        ```
+        """
+        if self.embedding_layers and _keras_compat.writing_legacy_hdf5():
+            raise self._legacy_hdf5_refusal("a legacy HDF5 file ('.h5')")
+        return super().get_config()
+
     def stateless_call(self, *args: Any, **kwargs: Any) -> Any:
         """Refused for a model with embedding tables: they are not Keras
         variables, so they cannot be passed in or returned, and a training
@@ -140,10 +164,7 @@ class RefusedKerasMethods(_keras_compat.ModelMixin):
         path = args[0] if args else kwargs.get("filepath")
         if self.embedding_layers and isinstance(path, (str, os.PathLike)) and \
                 os.fspath(path).lower().endswith((".h5", ".hdf5")):
-            raise NotImplementedError(
-                f"rk.Model does not save to {os.fspath(path)!r}: Keras's legacy HDF5 "
-                f"format holds Keras variables only, not the embedding tables, and "
-                f"cannot be loaded back. Use save('model.keras') instead")
+            raise self._legacy_hdf5_refusal(repr(os.fspath(path)))
         super().save(*args, **kwargs)
 
     def save_weights(self, *args: Any, **kwargs: Any) -> None:

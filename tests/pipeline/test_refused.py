@@ -43,6 +43,29 @@ def test_a_legacy_hdf5_save_is_refused_and_writes_nothing(model, tmp_path, name)
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("save", [keras.saving.save_model, keras.models.save_model])
+def test_keras_save_model_to_hdf5_is_refused_before_any_weight(model, tmp_path, save):
+    """`keras.saving.save_model` writes `.h5` without calling `model.save`:
+    the config it asks for first is refused, so no weight is written."""
+    with pytest.raises(NotImplementedError, match=r"legacy HDF5 .*embedding tables.*"
+                                                  r"save\('model\.keras'\)"):
+        save(model, tmp_path / "m.h5")
+    import h5py
+    with h5py.File(tmp_path / "m.h5") as written:
+        assert "model_weights" not in written
+    save(model, tmp_path / "m.keras")
+    assert (tmp_path / "m.keras").stat().st_size > 0
+
+
+def test_a_model_without_tables_still_saves_to_hdf5(tmp_path):
+    inputs = keras.Input((3,))
+    plain = rk.Model(inputs, keras.layers.Dense(1)(inputs))
+    keras.saving.save_model(plain, tmp_path / "plain.h5")
+    import h5py
+    with h5py.File(tmp_path / "plain.h5") as written:
+        assert "model_weights" in written
+
+
 @dataclasses.dataclass
 class TwoRanks:
     size: int = 2
