@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection
 from collections.abc import Sequence as _Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,9 @@ import torch
 from reckeras.backend_kernels.arrow_columns import ID_TYPES, NUMBER_TYPES, read_block
 from reckeras.backend_kernels.hashing import hash_strings
 from reckeras.features.specs import LENGTHS, Categorical, Numeric, Sequence, with_lengths
+
+# A raw batch as `as_table` takes it (a pandas DataFrame is taken too).
+RawBatch: TypeAlias = pa.Table | pa.RecordBatch | dict[str, Any] | list[dict[str, Any]]
 
 
 class FeatureInputError(ValueError):
@@ -80,10 +83,11 @@ def is_dataframe(x: Any) -> bool:
         type(x).__name__ == "DataFrame"
 
 
-def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
+def as_table(batch: RawBatch) -> pa.Table:
     """A pyarrow Table of a raw batch.
 
-    A pandas DataFrame becomes a Table of its columns (`pyarrow.Table.from_pandas`:
+    A list of dicts is rows, one per example (`rows_to_columns`). A pandas
+    DataFrame becomes a Table of its columns (`pyarrow.Table.from_pandas`:
     its index is dropped, a float NaN and `None` are missing values, a
     categorical column is dictionary-encoded). A 2-D numpy array in a dict
     becomes a fixed-size list column (full
@@ -93,8 +97,8 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
     array); other values go through `pyarrow.array`.
 
     Args:
-        batch: a pyarrow RecordBatch or Table, a pandas DataFrame, or a
-            dict of array-likes.
+        batch: a pyarrow RecordBatch or Table, a pandas DataFrame, a dict
+            of array-likes, or a list of dicts (one per example).
 
     Returns:
         A `pyarrow.Table` (the batch itself when it is one).
@@ -102,7 +106,8 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
     Raises:
         TypeError: for any other kind of batch.
         FeatureInputError: Python lists of one column that pyarrow cannot
-            make one column of (mixed types), naming the column.
+            make one column of (mixed types), naming the column; rows that
+            do not all hold the same columns.
 
     Example:
 
@@ -120,6 +125,8 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
         return pa.Table.from_batches([batch])
     if is_dataframe(batch):
         return pa.Table.from_pandas(batch, preserve_index=False)
+    if isinstance(batch, list) and batch:
+        batch = rows_to_columns(batch)
     if isinstance(batch, dict):
         columns = {}
         for name, values in batch.items():
@@ -138,8 +145,58 @@ def as_table(batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> pa.Table:
                 values = pa.array(np.asarray(values) if np.ndim(values) else values)
             columns[name] = values
         return pa.table(columns)
-    raise TypeError(f"a batch must be a pyarrow RecordBatch/Table, a pandas DataFrame "
-                    f"or a dict of arrays, got {type(batch).__name__}")
+    raise TypeError(f"a batch must be a pyarrow RecordBatch/Table, a pandas DataFrame, "
+                    f"a dict of arrays or a non-empty list of dicts (rows), got "
+                    f"{type(batch).__name__}")
+
+
+def rows_to_columns(rows: list, columns: _Sequence[str] | None = None
+                    ) -> dict[str, list]:
+    """The columns of a batch given as rows (TF Serving's row format).
+
+    Every row holds every column it gives: a missing value is `None`, not a
+    missing key, so that a misspelt key is an error, not a column of nulls.
+
+    Args:
+        rows: a list of dicts `{column: value}`, one per example.
+        columns: the columns to take, in order (the others are ignored);
+            by default every key of the rows, in order of first appearance.
+
+    Returns:
+        `{column: [value, ...]}` of the columns some row holds.
+
+    Raises:
+        FeatureInputError: a row that is not a dict, or a column some rows
+            hold and others do not (naming the first such row).
+
+    Example:
+
+    ```python
+    from reckeras.features.encode import rows_to_columns
+
+    rows_to_columns([{"I1": 1.0, "C1": 7}, {"I1": None, "C1": 3}])
+    # {"I1": [1.0, None], "C1": [7, 3]}
+    ```
+    """
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise FeatureInputError(f"instance {index} is not an object of features "
+                                    f"(got {type(row).__name__}); expected "
+                                    f"{{feature: value, ...}}"
+                                    + ("" if columns is None else f" with {list(columns)}"))
+    if columns is None:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+    batch = {}
+    for name in columns:
+        held = [name in row for row in rows]
+        if not any(held):
+            continue
+        if not all(held):
+            raise FeatureInputError(f"feature {name!r}: instance {held.index(False)} "
+                                    f"has no value for it (give None, JSON null, for a "
+                                    f"missing value)")
+        batch[name] = [row[name] for row in rows]
+    return batch
 
 
 def _python_column(name: str, values: list | tuple) -> pa.Array:
@@ -414,13 +471,13 @@ def _id_type(spec: Any) -> pa.DataType:
     return pa.string() if spec.dtype == "string" else pa.int64()
 
 
-def encode(specs: _Sequence[Any],
-           batch: pa.Table | pa.RecordBatch | dict[str, Any]) -> dict[str, np.ndarray]:
+def encode(specs: _Sequence[Any], batch: RawBatch) -> dict[str, np.ndarray]:
     """Encodes a raw batch into model inputs.
 
     Args:
         specs: the feature specs.
-        batch: pyarrow RecordBatch or Table, or dict of array-likes.
+        batch: what `as_table` takes: a pyarrow RecordBatch or Table, a pandas
+            DataFrame, a dict of array-likes or a list of dicts (rows).
 
     Returns:
         A dict of numpy arrays keyed by feature name (a `Cross` has no input

@@ -24,17 +24,15 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from reckeras.embedding.packing import PackingPlan
 from reckeras.embedding.table_state import TableState
-from reckeras.features.encode import as_tensors, encode, raw_columns
+from reckeras.features.encode import RawBatch, as_tensors, encode, raw_columns
 from reckeras.features.plan import TransformPlan
 from reckeras.features.specs import FeatureSpec, deserialize
 from reckeras.serving import artifact, delta, packed_linear
@@ -247,14 +245,16 @@ class Predictor:
         """The raw columns a batch must hold, in declaration order."""
         return raw_columns(self.specs)
 
-    def predict(self, batch: pa.Table | pa.RecordBatch | dict[str, Any]
-                ) -> np.ndarray | dict[str, np.ndarray]:
+    def predict(self, batch: RawBatch) -> np.ndarray | dict[str, np.ndarray]:
         """The model's outputs for a batch of raw columns.
 
         Args:
-            batch: a dict of arrays (or lists) or a pyarrow Table /
-                RecordBatch, keyed by the raw column names, as `fit` reads
-                them; other columns are ignored.
+            batch: a dict of arrays (or lists), a pyarrow Table /
+                RecordBatch or a pandas DataFrame, keyed by the raw column
+                names, as `fit` reads them, or a list of dicts, one per
+                example (`{"I1": 1.0, "C1": 7}`: every example gives every
+                column, `None` for a missing value); other columns are
+                ignored.
 
         Returns:
             A float32 numpy array `[B, ...]`, or a dict of them for a model
@@ -272,7 +272,7 @@ class Predictor:
         """
         return self.predict_with_version(batch)[0]
 
-    def predict_with_version(self, batch: pa.Table | pa.RecordBatch | dict[str, Any]
+    def predict_with_version(self, batch: RawBatch
                              ) -> tuple[np.ndarray | dict[str, np.ndarray], str]:
         """`predict`'s outputs and the version that computed all of them.
 

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from reckeras.backend_kernels.topk import DEFAULT_CHUNK_SIZE, check_k, exact_top_k
-from reckeras.features.encode import raw_columns
+from reckeras.features.encode import RawBatch, raw_columns
 from reckeras.features.specs import Categorical
 from reckeras.serving import ann, artifact
 from reckeras.serving.predictor import Predictor
@@ -116,7 +116,7 @@ class RetrievalPredictor(Predictor):
         raise artifact.DeltaError(f"{os.fspath(path)}: a retrieval artifact takes no "
                                   f"deltas; load the new full export")
 
-    def predict_with_version(self, batch: pa.Table | pa.RecordBatch | dict[str, Any]
+    def predict_with_version(self, batch: RawBatch
                              ) -> tuple[np.ndarray | dict[str, np.ndarray], str]:
         """The query vectors `[B, D]` of a batch and the served version.
 
@@ -149,7 +149,7 @@ class RetrievalPredictor(Predictor):
         return {**{name: pa.nulls(rows, type_) for name, type_ in self._fillers.items()},
                 **batch}
 
-    def retrieve(self, batch: pa.Table | pa.RecordBatch | dict[str, Any], k: int = 10,
+    def retrieve(self, batch: RawBatch, k: int = 10,
                  exclude: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """The top `k` items of the corpus for each query row.
 
@@ -180,7 +180,7 @@ class RetrievalPredictor(Predictor):
         item_ids, scores, _ = self.retrieve_with_version(batch, k, exclude)
         return item_ids, scores
 
-    def retrieve_with_version(self, batch: pa.Table | pa.RecordBatch | dict[str, Any],
+    def retrieve_with_version(self, batch: RawBatch,
                               k: int = 10, exclude: Any = None
                               ) -> tuple[np.ndarray, np.ndarray, str]:
         """`retrieve`'s answer and the served version.

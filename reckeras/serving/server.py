@@ -62,7 +62,7 @@ except ImportError as error:      # the extra is optional: say how to get it
     raise ImportError(f"the HTTP server needs the serving-http extra: pip install "
                       f"'reckeras[serving-http]' ({error})") from error
 
-from reckeras.features.encode import FeatureInputError
+from reckeras.features.encode import FeatureInputError, rows_to_columns
 from reckeras.features.specs import Categorical, Cross, Numeric, Sequence
 from reckeras.serving.artifact import DeltaError
 from reckeras.serving.predictor import Predictor
@@ -201,22 +201,7 @@ def _rows_to_columns(instances: Any, columns: list[str]) -> dict[str, list]:
     if not isinstance(instances, list):
         raise RequestError(f"'instances' must be a list of objects, one per "
                            f"example, got {type(instances).__name__}")
-    for index, instance in enumerate(instances):
-        if not isinstance(instance, dict):
-            raise RequestError(f"instance {index} is not an object of features "
-                               f"(got {type(instance).__name__}); expected "
-                               f"{{feature: value, ...}} with {columns}")
-    batch = {}
-    for name in columns:
-        held = [name in instance for instance in instances]
-        if not any(held):
-            continue
-        if not all(held):
-            raise RequestError(f"feature {name!r}: instance {held.index(False)} "
-                               f"has no value for it (give null for a missing "
-                               f"value)")
-        batch[name] = [instance[name] for instance in instances]
-    return batch
+    return rows_to_columns(instances, columns)
 
 
 def _columns(inputs: Any, columns: list[str]) -> dict[str, list]:

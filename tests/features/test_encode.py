@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import reckeras as rk
 from reckeras.backend_kernels.hashing import hash_strings
-from reckeras.features.encode import FeatureInputError, encode
+from reckeras.features.encode import FeatureInputError, encode, rows_to_columns
 from reckeras.features.specs import LENGTHS, deserialize, serialize
 
 SPECS = [rk.features.Numeric("n", default=2.0),
@@ -89,6 +89,23 @@ def test_dict_input_and_padded_sequences():
     out = encode([SPECS[4]], {"q": padded})
     assert out["q"].tolist() == [[-1, 4, 5], [7, 0, 0], [8, 6, 0]]
     assert out[LENGTHS].tolist() == [[3], [1], [2]]
+
+
+def test_rows_are_their_columns_and_must_all_hold_every_column():
+    rows = [{"n": 1.0, "c": 3, "s": "x", "b": 0.5, "q": [9, 4]},
+            {"n": None, "c": None, "s": "y", "b": 1.5, "q": []}]
+    columns = encode(SPECS, {key: [row[key] for row in rows] for key in rows[0]})
+    from_rows = encode(SPECS, rows)
+    assert from_rows.keys() == columns.keys()
+    for name in columns:
+        np.testing.assert_array_equal(from_rows[name], columns[name])
+    assert rows_to_columns(rows, ["s", "zz"]) == {"s": ["x", "y"]}
+    with pytest.raises(FeatureInputError, match="feature 'q': instance 1 has no value"):
+        encode(SPECS, [rows[0], {k: v for k, v in rows[1].items() if k != "q"}])
+    with pytest.raises(FeatureInputError, match="instance 0 is not an object"):
+        encode(SPECS, [[1.0, 3]])
+    with pytest.raises(TypeError, match="list of dicts"):
+        encode(SPECS, [])
 
 
 @pytest.mark.parametrize("overrides, message", [

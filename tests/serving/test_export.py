@@ -196,6 +196,23 @@ def test_bad_input_names_the_feature(dlrm, tmp_path):
         predictor.predict({**batch, "tag_weights": [[1.0] * 9] * 3})
 
 
+def test_rows_as_a_list_of_dicts_predict_as_their_columns(dlrm, tmp_path):
+    """TF Serving's row format in Python: a list of dicts, one per example,
+    with None for a missing value; a missing key is an error, not a null."""
+    predictor = reckeras.serving.load(dlrm.export_serving(tmp_path / "model"))
+    table = logs(3, rows=6)
+    rows = table.to_pylist()
+    rows[2]["site"] = None
+    expected = predictor.predict(pa.Table.from_pylist(rows, schema=table.schema))
+    np.testing.assert_array_equal(predictor.predict(rows), expected)
+    del rows[4]["item"]
+    with pytest.raises(rk.features.FeatureInputError,
+                       match="feature 'item': instance 4 has no value for it"):
+        predictor.predict(rows)
+    with pytest.raises(rk.features.FeatureInputError, match="instance 1 is not an object"):
+        predictor.predict([rows[0], [1, 2]])
+
+
 def test_concurrent_predictions_from_threads(dlrm, tmp_path):
     predictor = reckeras.serving.load(dlrm.export_serving(tmp_path / "model"))
     batches = [logs(10 + i, rows=50) for i in range(8)]
