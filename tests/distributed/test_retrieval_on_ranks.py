@@ -1,7 +1,8 @@
 """Exact top-K over candidates sharded on 2 ranks equals 1 rank holding all
 of them, the retrieval metrics of evaluate on 2 ranks at batch b equal
 1 rank at batch 2b (DESIGN invariant 2), and rk.retrieval.evaluate on 2
-ranks equals 1."""
+ranks equals 1, after a training of in-batch negatives and one of sampled
+negatives only."""
 
 import json
 
@@ -42,3 +43,9 @@ def test_evaluate_on_two_ranks_equals_one(tmp_path):
     assert results[1]["results"]["recall_at_10"] > 0
     for name, value in results[1]["results"].items():
         assert results[2]["results"][name] == pytest.approx(value, rel=1e-9), name
+    # Sampled negatives only (in_batch_negatives=False): the same training too.
+    np.testing.assert_allclose(results[2]["sampled_loss"], results[1]["sampled_loss"],
+                               rtol=1e-5)
+    np.testing.assert_allclose(results[2]["sampled_corpus"], results[1]["sampled_corpus"],
+                               atol=1e-5)
+    assert not np.allclose(results[1]["sampled_corpus"], results[1]["corpus"], atol=1e-2)
