@@ -258,11 +258,11 @@ def kernel_bandwidth(name, args, device, row_dtype=torch.float32):
     per_id = n * (8 + 8 + 4)                       # an id's index, order and weight
     capacity = slot_keys.numel()
     # The bytes of an empty index sized for the batch: what its creation writes.
-    index_bytes = sum(t.numel() * t.element_size() for t in empty_index(n, device)[0][:4])
-    # A lookup reads its key, a directory entry, a bucket's 32 digest bytes,
-    # the slot's row and the arena's key, and writes the row; an insert
+    index_bytes = sum(t.numel() * t.element_size() for t in empty_index(n, device)[0][:2])
+    # A lookup reads its key, a directory entry, its bucket's first line
+    # (the digests) and the arena's key, and writes the row; an insert
     # writes a digest byte, a slot and the arena's key.
-    per_key, per_row = 8 + 4 + 32 + 4 + 8 + 8, 1 + 4 + 8
+    per_key, per_row = 8 + 4 + 64 + 8 + 8, 1 + 4 + 8
 
     def insert_into_empty():
         fresh, fresh_arena = empty_index(n, device)

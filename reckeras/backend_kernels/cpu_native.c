@@ -336,25 +336,33 @@ int64_t rk_rehash(const int64_t *old_keys, const int64_t *old_rows, int64_t old_
 
 /* ---- the bucketized index (bucket_index.py) --------------------------------------
  *
- * Extendible hashing over buckets of BUCKET_SLOTS slots. A slot is one byte
- * of key digest (0: free) and the int32 row + 1 (0: free); the keys stay in
- * the table's key array (``arena``), read only to confirm a digest match. A
- * key has two candidate buckets, directory[a >> (32 - G)] and
- * directory[b >> (32 - G)] for the two 32-bit halves a, b of mix64(key) and
- * the global depth G; it is stored in either. A full bucket pair splits the
- * bucket of smaller local depth: the directory doubles in place when that
- * depth is G, the bucket's keys whose hash has the next bit set move to a new
- * bucket appended at the end, so the index grows one bucket at a time and
- * never holds a second copy of itself. Bit for bit what bucket_index.py's
- * reference computes, up to where in a bucket a key sits and the numbering
- * of the rows created by one call. */
-#define BUCKET_SLOTS 32
+ * Extendible hashing over buckets of two cache lines (128 bytes): 25 slots
+ * of one byte of key digest (0: free) and the int32 row + 1 (0: free), and
+ * the bucket's local depth; the digests, the depth and the first 9 rows fill
+ * the first line. The keys stay in the table's key array (``arena``), read
+ * only to confirm a digest match. A key has two candidate buckets, its
+ * first directory[a >> (32 - G)] and its second directory[b >> (32 - G)],
+ * for the two 32-bit halves a, b of mix64(key) and the global depth G; it is
+ * stored in its first while that has a free slot, else in its second. A
+ * full bucket pair splits the bucket of smaller local depth: the directory
+ * doubles in place when that depth is G, the bucket's keys whose hash has
+ * the next bit set move to a new bucket appended at the end, so the index
+ * grows one bucket at a time and never holds a second copy of itself. Bit
+ * for bit what bucket_index.py's reference computes, up to where in a
+ * bucket a key sits and the numbering of the rows created by one call. */
+#define BUCKET_SLOTS 25
 #define BAD_INDEX (-1)       /* a directory entry or a slot out of its bounds */
 
+struct bucket {              /* 128 bytes: bucket_index.WORDS int32 words */
+    uint8_t digest[BUCKET_SLOTS];
+    uint8_t depth;
+    uint8_t zero[2];
+    int32_t row[BUCKET_SLOTS];   /* row + 1: rows 0-8 share the digests' line */
+};
+_Static_assert(sizeof(struct bucket) == 128, "a bucket is two cache lines");
+
 struct bucket_index {
-    uint8_t *digests;        /* [bucket_capacity * BUCKET_SLOTS] */
-    int32_t *slots;          /* [bucket_capacity * BUCKET_SLOTS], row + 1 */
-    uint8_t *depths;         /* [bucket_capacity] */
+    struct bucket *buckets;  /* [bucket_capacity] */
     int32_t *directory;      /* [directory_capacity], 2^G entries in use */
     int64_t num_buckets, bucket_capacity, directory_capacity;
     int depth;               /* G */
@@ -373,28 +381,60 @@ static inline void bucket_hashes(int64_t key, uint64_t *a, uint64_t *b, uint8_t 
 /* The directory entry of a 32-bit hash (a shift by 32 is 0 in 64 bits). */
 static inline uint64_t bucket_entry(uint64_t hash, int depth) { return hash >> (32 - depth); }
 
-/* Bit 8k + 7 set for each byte k of word `word` of a bucket's digests that
- * equals digest, exactly (SWAR: eight bytes at once, no branch a byte). */
-static inline uint64_t bucket_matches(const uint8_t *digests, uint8_t digest, int word) {
+/* Bit k set for each slot k of a bucket whose digest equals `digest`, no
+ * branch. With SSE2 (every x86-64) one compare of the 16 bytes that hold
+ * the digests; elsewhere each word's flags (bit 8k + 7 of byte k) gathered
+ * into one byte by a multiply (its partial products land on distinct bits,
+ * so nothing carries into the top byte). */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static inline uint32_t bucket_match_mask(const struct bucket *b, uint8_t digest) {
+    __m128i wanted = _mm_set1_epi8((char)digest);
+    __m128i low = _mm_loadu_si128((const __m128i *)b->digest);
+    __m128i high = _mm_loadu_si128((const __m128i *)(b->digest + 16));
+    return ((uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(low, wanted)) |
+            (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(high, wanted)) << 16) &
+           ((1u << BUCKET_SLOTS) - 1);
+}
+#else
+/* Bit 8k + 7 set for each byte k of v that is 0, exactly (SWAR: eight bytes
+ * at once, no branch a byte). */
+static inline uint64_t zero_bytes(uint64_t v) {
     const uint64_t low7 = 0x7F7F7F7F7F7F7F7FULL;
-    uint64_t v;
-    memcpy(&v, digests + 8 * word, 8);
-    v ^= 0x0101010101010101ULL * digest;            /* matching bytes are 0 */
     return ~(((v & low7) + low7) | v | low7);
+}
+
+static inline uint32_t bucket_match_mask(const struct bucket *b, uint8_t digest) {
+    const uint64_t gather = 0x0102040810204080ULL;
+    uint32_t mask = 0;
+    for (int word = 0; word < 4; word++) {
+        uint64_t v;
+        memcpy(&v, b->digest + 8 * word, 8);
+        uint64_t flags = zero_bytes(v ^ (0x0101010101010101ULL * digest)) >> 7;
+        mask |= (uint32_t)((flags * gather) >> 56) << (8 * word);
+    }
+    return mask & ((1u << BUCKET_SLOTS) - 1);
+}
+#endif
+
+/* The row of a bucket's first slot in `mask` (-1 for a free slot: a
+ * corrupt index), NO_MATCH for an empty mask. */
+#define NO_MATCH INT64_MIN
+static inline int64_t bucket_first_row(const struct bucket *b, uint32_t mask) {
+    int j = __builtin_ctz(mask | 1u << 31);          /* 31: none, past the slots */
+    int64_t row = (int64_t)b->row[j < BUCKET_SLOTS ? j : 0] - 1;  /* selects, no branch */
+    return j < BUCKET_SLOTS ? row : NO_MATCH;
 }
 
 /* The row of key in bucket, -1 when it is not there, BAD_INDEX - 1 for a
  * slot whose row lies outside the arena. */
 static inline int64_t bucket_row(const struct bucket_index *x, int64_t bucket, int64_t key,
                                  uint8_t digest) {
-    const uint8_t *d = x->digests + bucket * BUCKET_SLOTS;
-    for (int word = 0; word < BUCKET_SLOTS / 8; word++) {
-        for (uint64_t m = bucket_matches(d, digest, word); m; m &= m - 1) {
-            int j = 8 * word + (__builtin_ctzll(m) >> 3);
-            int64_t row = (int64_t)x->slots[bucket * BUCKET_SLOTS + j] - 1;
-            if ((uint64_t)row >= (uint64_t)x->num_rows) return BAD_INDEX - 1;
-            if (x->arena[row] == key) return row;
-        }
+    const struct bucket *b = x->buckets + bucket;
+    for (uint32_t m = bucket_match_mask(b, digest); m; m &= m - 1) {
+        int64_t row = (int64_t)b->row[__builtin_ctz(m)] - 1;
+        if ((uint64_t)row >= (uint64_t)x->num_rows) return BAD_INDEX - 1;
+        if (x->arena[row] == key) return row;
     }
     return -1;
 }
@@ -420,15 +460,16 @@ struct bucket_find_args {
     int bad;
 };
 
-/* A lookup chains four misses (directory entry, digests, slot, the arena's
- * key). Keys are resolved a chunk at a time, a software pipeline over each
- * link of the chain: while key i is resolved, the digests of key i + AHEAD
- * and the directory entries of key i + 2 AHEAD are on their way, so misses
- * overlap without a prefetch waiting on a load (or so many in flight that
- * the core drops some). Pass 1 takes the first digest match in either
- * bucket (none: the key is absent), pass 2 its slot's row, pass 3 confirms
- * the row's key; the few keys whose first match was another key's digest
- * take the full walk. */
+/* A lookup chains three misses (directory entry, the bucket's lines, the
+ * arena's key). Keys are resolved a chunk at a time, a software pipeline
+ * over each link of the chain: while key i is matched in a bucket, that
+ * bucket of key i + AHEAD and the directory entry of key i + 2 AHEAD are on
+ * their way, so misses overlap without a prefetch waiting on a load (or so
+ * many in flight that the core drops some). Pass 1 takes the first digest
+ * match in the key's first bucket, pass 2 confirms it against the arena;
+ * the keys left (in their second bucket, or absent) take the same two
+ * passes through their second bucket. Only a key whose bucket had two
+ * matching digests and neither confirmed takes the full walk. */
 #define FIND_CHUNK 256
 #define AHEAD 8
 
@@ -443,39 +484,79 @@ static void bucket_chunk_hashes(const struct bucket_index *x, const int64_t *key
     }
 }
 
-/* One step of the pipeline at key i: directory entries of i + 2 AHEAD
- * prefetched, digests of i + AHEAD prefetched (its entries read into
- * bucket_first/second). */
+/* Both lines of a bucket on their way. */
+static inline void bucket_prefetch(const struct bucket_index *x, uint64_t bucket) {
+    __builtin_prefetch((const char *)(x->buckets + bucket), 0, 3);
+    __builtin_prefetch((const char *)(x->buckets + bucket) + 64, 0, 3);
+}
+
+/* One step of the pipeline at position i of `order` (NULL: 0, 1, ...): the
+ * directory entry of i + 2 AHEAD prefetched, the bucket of i + AHEAD
+ * prefetched (its entry read into bucket[i + AHEAD]). */
 static inline void bucket_pipeline(const struct bucket_index *x, int64_t i, int64_t n,
-                                   const uint64_t *first, const uint64_t *second,
-                                   uint64_t *bucket_first, uint64_t *bucket_second) {
-    if (i + 2 * AHEAD < n) {
-        __builtin_prefetch(&x->directory[first[i + 2 * AHEAD]], 0, 3);
-        __builtin_prefetch(&x->directory[second[i + 2 * AHEAD]], 0, 3);
-    }
+                                   const int64_t *order, const uint64_t *entry,
+                                   uint64_t *bucket) {
+    if (i + 2 * AHEAD < n)
+        __builtin_prefetch(&x->directory[entry[order ? order[i + 2 * AHEAD] : i + 2 * AHEAD]],
+                           0, 3);
     int64_t j = i + AHEAD;
     if (j < n) {
-        bucket_first[j] = (uint32_t)x->directory[first[j]];
-        bucket_second[j] = (uint32_t)x->directory[second[j]];
-        if (bucket_first[j] < (uint64_t)x->num_buckets)
-            __builtin_prefetch(x->digests + bucket_first[j] * BUCKET_SLOTS, 0, 3);
-        if (bucket_second[j] < (uint64_t)x->num_buckets)
-            __builtin_prefetch(x->digests + bucket_second[j] * BUCKET_SLOTS, 0, 3);
+        bucket[j] = (uint32_t)x->directory[entry[order ? order[j] : j]];
+        if (bucket[j] < (uint64_t)x->num_buckets) bucket_prefetch(x, bucket[j]);
     }
 }
 
-/* The pipeline's prologue: the first keys' entries and buckets. */
+/* The pipeline's prologue: the first positions' entries and buckets. */
 static inline void bucket_pipeline_start(const struct bucket_index *x, int64_t n,
-                                         const uint64_t *first, const uint64_t *second,
-                                         uint64_t *bucket_first, uint64_t *bucket_second) {
-    for (int64_t i = 0; i < 2 * AHEAD && i < n; i++) {
-        __builtin_prefetch(&x->directory[first[i]], 0, 3);
-        __builtin_prefetch(&x->directory[second[i]], 0, 3);
-    }
+                                         const int64_t *order, const uint64_t *entry,
+                                         uint64_t *bucket) {
+    for (int64_t i = 0; i < 2 * AHEAD && i < n; i++)
+        __builtin_prefetch(&x->directory[entry[order ? order[i] : i]], 0, 3);
     for (int64_t i = 0; i < AHEAD && i < n; i++) {
-        bucket_first[i] = (uint32_t)x->directory[first[i]];
-        bucket_second[i] = (uint32_t)x->directory[second[i]];
+        bucket[i] = (uint32_t)x->directory[entry[order ? order[i] : i]];
+        if (bucket[i] < (uint64_t)x->num_buckets) bucket_prefetch(x, bucket[i]);
     }
+}
+
+/* Passes 1 and 2 over the keys at positions `order` (NULL: all n) through
+ * the buckets of their directory entries `entry`: a confirmed key's row
+ * goes to rows; the others are listed in `left` (their count returned),
+ * `ambiguous` set for those whose bucket held more than one matching
+ * digest. Sets a->bad for an entry or a row out of bounds. */
+static int64_t bucket_match_pass(struct bucket_find_args *a, const int64_t *keys,
+                                 int64_t *rows, int64_t n, const int64_t *order,
+                                 const uint64_t *entry, const uint8_t *digest,
+                                 int64_t *left, uint8_t *ambiguous) {
+    const struct bucket_index *x = a->index;
+    uint64_t bucket[FIND_CHUNK];
+    int64_t candidate[FIND_CHUNK];
+    uint8_t several[FIND_CHUNK];
+    bucket_pipeline_start(x, n, order, entry, bucket);
+    for (int64_t i = 0; i < n; i++) {
+        bucket_pipeline(x, i, n, order, entry, bucket);
+        int64_t key = order ? order[i] : i;
+        candidate[i] = NO_MATCH;
+        several[i] = 0;
+        if (bucket[i] >= (uint64_t)x->num_buckets) { a->bad = 1; continue; }
+        const struct bucket *b = x->buckets + bucket[i];
+        uint32_t mask = bucket_match_mask(b, digest[key]);
+        candidate[i] = bucket_first_row(b, mask);
+        several[i] = (mask & (mask - 1)) != 0;
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n && (uint64_t)candidate[i + AHEAD] < (uint64_t)x->num_rows)
+            __builtin_prefetch(&x->arena[candidate[i + AHEAD]], 0, 3);
+        int64_t key = order ? order[i] : i, row = candidate[i];
+        if ((uint64_t)row < (uint64_t)x->num_rows) {
+            if (x->arena[row] == keys[key]) { rows[key] = row; continue; }
+        } else if (row != NO_MATCH) {
+            a->bad = 1;
+        }
+        ambiguous[m] = several[i];
+        left[m++] = key;
+    }
+    return m;
 }
 
 static void bucket_find_chunk(struct bucket_find_args *a, int64_t start, int64_t end) {
@@ -484,40 +565,21 @@ static void bucket_find_chunk(struct bucket_find_args *a, int64_t start, int64_t
     const int64_t *keys = a->keys + start;
     int64_t n = end - start;
     uint64_t first[FIND_CHUNK], second[FIND_CHUNK];
-    uint64_t bucket_first[FIND_CHUNK], bucket_second[FIND_CHUNK];
-    uint8_t digest[FIND_CHUNK];
+    int64_t left[FIND_CHUNK], still[FIND_CHUNK];
+    uint8_t digest[FIND_CHUNK], ambiguous[FIND_CHUNK], again[FIND_CHUNK];
     bucket_chunk_hashes(x, keys, NULL, n, first, second, digest);
-    bucket_pipeline_start(x, n, first, second, bucket_first, bucket_second);
-    for (int64_t i = 0; i < n; i++) {
-        bucket_pipeline(x, i, n, first, second, bucket_first, bucket_second);
-        int64_t cell = -1;
-        for (int c = 0; c < 2 && cell < 0; c++) {
-            uint64_t bucket = c ? bucket_second[i] : bucket_first[i];
-            if (bucket >= (uint64_t)x->num_buckets) { a->bad = 1; break; }
-            const uint8_t *d = x->digests + bucket * BUCKET_SLOTS;
-            for (int word = 0; word < BUCKET_SLOTS / 8 && cell < 0; word++) {
-                uint64_t m = bucket_matches(d, digest[i], word);
-                if (m) cell = (int64_t)bucket * BUCKET_SLOTS + 8 * word +
-                              (__builtin_ctzll(m) >> 3);
-            }
+    int64_t m = bucket_match_pass(a, keys, rows, n, NULL, first, digest, left, ambiguous);
+    int64_t k = bucket_match_pass(a, keys, rows, m, left, second, digest, still, again);
+    /* Unconfirmed in both: absent, unless a bucket held another match. */
+    for (int64_t i = 0, j = 0; i < m; i++) {
+        if (j == k || still[j] != left[i]) continue;     /* confirmed in its second */
+        int64_t row = -1;
+        if (ambiguous[i] || again[j]) {
+            row = bucket_find_one(x, keys[left[i]]);
+            if (row < -1) { a->bad = 1; row = -1; }
         }
-        rows[i] = cell;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        if (i + AHEAD < n && rows[i + AHEAD] >= 0)
-            __builtin_prefetch(&x->slots[rows[i + AHEAD]], 0, 3);
-        if (rows[i] < 0) continue;
-        int64_t row = (int64_t)x->slots[rows[i]] - 1;
-        if ((uint64_t)row >= (uint64_t)x->num_rows) { a->bad = 1; row = -1; }
-        rows[i] = row;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        if (i + AHEAD < n && rows[i + AHEAD] >= 0)
-            __builtin_prefetch(&x->arena[rows[i + AHEAD]], 0, 3);
-        if (rows[i] < 0 || x->arena[rows[i]] == keys[i]) continue;
-        int64_t row = bucket_find_one(x, keys[i]);
-        if (row < -1) { a->bad = 1; row = -1; }
-        rows[i] = row;
+        rows[left[i]] = row;
+        j++;
     }
 }
 
@@ -528,12 +590,8 @@ static void bucket_find_range(void *context, int64_t start, int64_t end) {
 }
 
 static inline int bucket_fill(const struct bucket_index *x, int64_t bucket) {
-    const uint8_t *d = x->digests + bucket * BUCKET_SLOTS;
-    int fill = BUCKET_SLOTS;
-    for (int word = 0; word < BUCKET_SLOTS / 8; word++)
-        /* One bit a free slot: their count is the multiply's top byte. */
-        fill -= (int)(((bucket_matches(d, 0, word) >> 7) * 0x0101010101010101ULL) >> 56);
-    return fill;
+    /* A free slot's digest is 0. */
+    return BUCKET_SLOTS - __builtin_popcount(bucket_match_mask(x->buckets + bucket, 0));
 }
 
 /* Doubles the directory in place: entry i becomes entries 2i and 2i + 1
@@ -550,57 +608,54 @@ static int bucket_double_directory(struct bucket_index *x) {
 /* Splits a full bucket (see the section's comment). Returns 1, 0 when the
  * arrays have no room for it, or BAD_INDEX for a corrupt index. */
 static int bucket_split(struct bucket_index *x, int64_t bucket) {
-    if (x->depths[bucket] > x->depth) return BAD_INDEX;
+    struct bucket *b = x->buckets + bucket;
+    if (b->depth > x->depth) return BAD_INDEX;
     if (x->num_buckets == x->bucket_capacity) return 0;
-    if (x->depths[bucket] == x->depth && !bucket_double_directory(x)) return 0;
+    if (b->depth == x->depth && !bucket_double_directory(x)) return 0;
     int depth = x->depth;
-    int64_t span = (int64_t)1 << (depth - x->depths[bucket]);
-    int32_t *slots = x->slots + bucket * BUCKET_SLOTS;
-    uint8_t *digests = x->digests + bucket * BUCKET_SLOTS;
+    int64_t span = (int64_t)1 << (depth - b->depth);
     int64_t keys[BUCKET_SLOTS];
     /* Every member's key first, their misses overlapping. */
     for (int j = 0; j < BUCKET_SLOTS; j++) {
-        int64_t row = (int64_t)slots[j] - 1;
-        if (digests[j] && (uint64_t)row < (uint64_t)x->num_rows)
+        int64_t row = (int64_t)b->row[j] - 1;
+        if (b->digest[j] && (uint64_t)row < (uint64_t)x->num_rows)
             __builtin_prefetch(&x->arena[row], 0, 0);
     }
     int64_t start = -1;
     for (int j = 0; j < BUCKET_SLOTS; j++) {
-        if (!digests[j]) continue;
-        int64_t row = (int64_t)slots[j] - 1;
+        if (!b->digest[j]) continue;
+        int64_t row = (int64_t)b->row[j] - 1;
         if ((uint64_t)row >= (uint64_t)x->num_rows) return BAD_INDEX;
         keys[j] = x->arena[row];
         if (start < 0) {
             /* The bucket's directory range, from the hash that led a member here. */
-            uint64_t a, b;
+            uint64_t ha, hb;
             uint8_t d;
-            bucket_hashes(keys[j], &a, &b, &d);
-            int64_t entry = (int64_t)bucket_entry(a, depth);
-            if (x->directory[entry] != bucket) entry = (int64_t)bucket_entry(b, depth);
+            bucket_hashes(keys[j], &ha, &hb, &d);
+            int64_t entry = (int64_t)bucket_entry(ha, depth);
+            if (x->directory[entry] != bucket) entry = (int64_t)bucket_entry(hb, depth);
             start = entry & ~(span - 1);
         }
     }
     if (start < 0) return BAD_INDEX;          /* an empty bucket is never split */
     int64_t half = span / 2, fresh = x->num_buckets++;
     for (int64_t e = start + half; e < start + span; e++) x->directory[e] = (int32_t)fresh;
-    x->depths[bucket] = x->depths[fresh] = (uint8_t)(x->depths[bucket] + 1);
-    uint8_t *fresh_digests = x->digests + fresh * BUCKET_SLOTS;
-    int32_t *fresh_slots = x->slots + fresh * BUCKET_SLOTS;
-    memset(fresh_digests, 0, BUCKET_SLOTS);
-    memset(fresh_slots, 0, BUCKET_SLOTS * sizeof(int32_t));
+    struct bucket *f = x->buckets + fresh;
+    memset(f, 0, sizeof *f);
+    f->depth = b->depth = (uint8_t)(b->depth + 1);
     int moved = 0;
     for (int j = 0; j < BUCKET_SLOTS; j++) {
-        if (!digests[j]) continue;
-        uint64_t a, b;
+        if (!b->digest[j]) continue;
+        uint64_t ha, hb;
         uint8_t d;
-        bucket_hashes(keys[j], &a, &b, &d);
-        int64_t entry = (int64_t)bucket_entry(a, depth);
-        if (entry < start || entry >= start + span) entry = (int64_t)bucket_entry(b, depth);
+        bucket_hashes(keys[j], &ha, &hb, &d);
+        int64_t entry = (int64_t)bucket_entry(ha, depth);
+        if (entry < start || entry >= start + span) entry = (int64_t)bucket_entry(hb, depth);
         if (entry < start + half) continue;
-        fresh_digests[moved] = digests[j];
-        fresh_slots[moved++] = slots[j];
-        digests[j] = 0;
-        slots[j] = 0;
+        f->digest[moved] = b->digest[j];
+        f->row[moved++] = b->row[j];
+        b->digest[j] = 0;
+        b->row[j] = 0;
     }
     return 1;
 }
@@ -616,17 +671,18 @@ static int bucket_place(struct bucket_index *x, int64_t key, int64_t row) {
         int64_t second = x->directory[bucket_entry(b, x->depth)];
         if ((uint64_t)first >= (uint64_t)x->num_buckets ||
             (uint64_t)second >= (uint64_t)x->num_buckets) return BAD_INDEX;
-        int fill_first = bucket_fill(x, first), fill_second = bucket_fill(x, second);
-        int64_t target = fill_second < fill_first ? second : first;
-        if ((fill_second < fill_first ? fill_second : fill_first) < BUCKET_SLOTS) {
-            uint8_t *d = x->digests + target * BUCKET_SLOTS;
+        /* The first bucket while it has room: most keys are then found in it. */
+        int64_t target = bucket_fill(x, first) < BUCKET_SLOTS ? first :
+                         bucket_fill(x, second) < BUCKET_SLOTS ? second : -1;
+        if (target >= 0) {
+            struct bucket *t = x->buckets + target;
             int j = 0;
-            while (d[j]) j++;
-            d[j] = digest;
-            x->slots[target * BUCKET_SLOTS + j] = (int32_t)(row + 1);
+            while (t->digest[j]) j++;
+            t->digest[j] = digest;
+            t->row[j] = (int32_t)(row + 1);
             return 1;
         }
-        int64_t victim = x->depths[second] < x->depths[first] ? second : first;
+        int64_t victim = x->buckets[second].depth < x->buckets[first].depth ? second : first;
         int split = bucket_split(x, victim);
         if (split != 1) return split;
     }
@@ -638,29 +694,28 @@ static int bucket_place(struct bucket_index *x, int64_t key, int64_t row) {
  * the inserts on the calling thread. shape holds (num_buckets, G) and is
  * updated. A key that does not fit (no arena row or no room for a split
  * left: the caller grows the arrays and calls again) gets -1, as do absent
- * keys without ``insert``. Returns the new row count, or -1 for a corrupt
- * index (a directory entry or a slot's row out of bounds). */
-int64_t rk_bucket_find_or_insert(uint8_t *digests, int32_t *slots, uint8_t *depths,
-                                 int32_t *directory, int64_t *shape,
+ * keys without ``insert``. Returns the new row count, -1 for a corrupt
+ * index (a directory entry or a slot's row out of bounds), -2 when no
+ * memory was left for the absent keys' positions. */
+int64_t rk_bucket_find_or_insert(int32_t *buckets, int32_t *directory, int64_t *shape,
                                  int64_t bucket_capacity, int64_t directory_capacity,
                                  int64_t *arena, int64_t arena_capacity, int64_t num_rows,
                                  const int64_t *keys, int64_t n, int64_t *rows, int insert,
                                  int threads) {
-    struct bucket_index x = {digests, slots, depths, directory, shape[0], bucket_capacity,
+    struct bucket_index x = {(struct bucket *)buckets, directory, shape[0], bucket_capacity,
                              directory_capacity, (int)shape[1], arena, num_rows};
     struct bucket_find_args f = {&x, keys, rows, 0};
     parallel_ranges(threads, n, n, bucket_find_range, &f);
     if (f.bad) return -1;
     if (!insert) return num_rows;
     /* The absent keys one after the other (each split changes the index),
-     * their buckets prefetched a few keys ahead as in the lookups. */
+     * their first buckets prefetched a few keys ahead as in the lookups. */
     int64_t *absent = (int64_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
     if (!absent) return -2;
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++) if (rows[i] < 0) absent[m++] = i;
     int64_t status = 0;
-    uint64_t first[FIND_CHUNK], second[FIND_CHUNK];
-    uint64_t bucket_first[FIND_CHUNK], bucket_second[FIND_CHUNK];
+    uint64_t first[FIND_CHUNK], second[FIND_CHUNK], bucket[FIND_CHUNK];
     uint8_t digest[FIND_CHUNK];
     for (int64_t k = 0; k < m && !status; k++) {
         /* Pipelined as the lookups; the splits of a chunk may move the
@@ -669,9 +724,9 @@ int64_t rk_bucket_find_or_insert(uint8_t *digests, int32_t *slots, uint8_t *dept
                                                  m - k + offset : FIND_CHUNK;
         if (offset == 0) {
             bucket_chunk_hashes(&x, keys, absent + k, chunk, first, second, digest);
-            bucket_pipeline_start(&x, chunk, first, second, bucket_first, bucket_second);
+            bucket_pipeline_start(&x, chunk, NULL, first, bucket);
         }
-        bucket_pipeline(&x, offset, chunk, first, second, bucket_first, bucket_second);
+        bucket_pipeline(&x, offset, chunk, NULL, first, bucket);
         int64_t i = absent[k];
         /* A copy of a key this loop already inserted finds it. */
         int64_t row = bucket_find_one(&x, keys[i]);

@@ -62,8 +62,8 @@ _SIGNATURES = {      # the last int of the parallel kernels is the thread count
     "rk_initial_rows": (None, [_PTR, _I64, _I64, _I64, ctypes.c_double, _PTR, _INT]),
     "rk_find_or_insert": (_I64, [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64, _INT, _INT]),
     "rk_rehash": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64]),
-    "rk_bucket_find_or_insert": (_I64, [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64,
-                                        _I64, _PTR, _I64, _PTR, _INT, _INT]),
+    "rk_bucket_find_or_insert": (_I64, [_PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR,
+                                        _I64, _PTR, _INT, _INT]),
     "rk_pool_forward": (_INT, [_PTR, _INT, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64,
                                _PTR, _I64, _INT]),
     "rk_aggregate": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
@@ -419,9 +419,8 @@ def rehash(slot_keys: torch.Tensor, slot_rows: torch.Tensor, capacity: int,
                          f"keys of this one (size it with hash_table.capacity_for)")
     return new_keys, new_rows
 
-def bucket_find_or_insert(digests: torch.Tensor, slots: torch.Tensor, depths: torch.Tensor,
-                          directory: torch.Tensor, shape: torch.Tensor, arena: torch.Tensor,
-                          keys: torch.Tensor, num_rows: int,
+def bucket_find_or_insert(buckets: torch.Tensor, directory: torch.Tensor, shape: torch.Tensor,
+                          arena: torch.Tensor, keys: torch.Tensor, num_rows: int,
                           insert: bool = True) -> tuple[torch.Tensor, int]:
     """`bucket_index.find_or_insert` (or `find`) in C: the lookups on torch's
     threads, the inserts in one loop on the calling thread.
@@ -429,9 +428,8 @@ def bucket_find_or_insert(digests: torch.Tensor, slots: torch.Tensor, depths: to
     New keys are numbered in the order of their first position in `keys`.
 
     Args:
-        digests: uint8 `[capacity, 32]`, updated in place.
-        slots: int32 `[capacity, 32]`, updated in place.
-        depths: uint8 `[capacity]`, updated in place.
+        buckets: int32 `[capacity, 32]` (the layout of `bucket_index`),
+            updated in place.
         directory: int32 `[directory capacity]`, updated in place.
         shape: int64 `[2]`, the buckets in use and the global depth, updated.
         arena: int64 `[row capacity]`, each row's key; new rows' keys are
@@ -450,6 +448,7 @@ def bucket_find_or_insert(digests: torch.Tensor, slots: torch.Tensor, depths: to
         TypeError, ValueError: for arguments of the wrong dtype, layout or
             sizes, and for an index whose directory or slots point outside
             its arrays (a corrupt index).
+        MemoryError: no memory for the absent keys' positions.
 
     Example:
 
@@ -465,16 +464,15 @@ def bucket_find_or_insert(digests: torch.Tensor, slots: torch.Tensor, depths: to
     ```
     """
     kernel = "bucket_find_or_insert"
-    capacity, directory_capacity = check_bucket_index(kernel, digests, slots, depths,
-                                                      directory, shape)
+    capacity, directory_capacity = check_bucket_index(kernel, buckets, directory, shape)
     check_tensor(kernel, "arena", arena, torch.int64, 1)
     check_tensor(kernel, "keys", keys, torch.int64, 1)
     num_rows = check_integer(kernel, "num_rows", num_rows, 0, min(arena.shape[0], INT32_MAX))
     rows = torch.empty_like(keys)
     count = _loaded().rk_bucket_find_or_insert(
-        _p(digests), _p(slots), _p(depths), _p(directory), _p(shape), capacity,
-        directory_capacity, _p(arena), arena.shape[0], num_rows, _p(keys), keys.shape[0],
-        _p(rows), int(bool(insert)), _threads())
+        _p(buckets), _p(directory), _p(shape), capacity, directory_capacity, _p(arena),
+        arena.shape[0], num_rows, _p(keys), keys.shape[0], _p(rows), int(bool(insert)),
+        _threads())
     if count == -2:
         raise MemoryError(f"cpu_native.{kernel}: no memory for the positions of "
                           f"{keys.shape[0]} keys")

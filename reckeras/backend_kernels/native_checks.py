@@ -151,15 +151,13 @@ def check_forward_index(kernel: str, unique_index: Any, destination: Any,
     return n
 
 
-def check_bucket_index(kernel: str, digests: Any, slots: Any, depths: Any, directory: Any,
+def check_bucket_index(kernel: str, buckets: Any, directory: Any,
                        shape: Any) -> tuple[int, int]:
     """The bucket and directory capacities of a bucketized index, once checked.
 
     Args:
         kernel: the wrapper's name, for the message.
-        digests: uint8 `[capacity, 32]`.
-        slots: int32 `[capacity, 32]`.
-        depths: uint8 `[capacity]`.
+        buckets: int32 `[capacity, 32]`, one 128-byte bucket a row.
         directory: int32 `[directory capacity]`.
         shape: int64 `[2]`: the buckets in use and the global depth.
 
@@ -167,9 +165,8 @@ def check_bucket_index(kernel: str, digests: Any, slots: Any, depths: Any, direc
         `(capacity, directory capacity)`.
 
     Raises:
-        TypeError, ValueError: as `check_tensor`; for arrays of different
-            capacities, buckets of other than 32 slots, or a `shape` that
-            the arrays cannot hold.
+        TypeError, ValueError: as `check_tensor`; for buckets of other than
+            32 words, or a `shape` that the arrays cannot hold.
 
     Example:
 
@@ -177,24 +174,20 @@ def check_bucket_index(kernel: str, digests: Any, slots: Any, depths: Any, direc
     check_bucket_index("bucket_find_or_insert", *bucket_index.new_index(64))   # (1, 64)
     ```
     """
-    check_tensor(kernel, "digests", digests, torch.uint8, 2)
-    check_tensor(kernel, "slots", slots, torch.int32, 2)
-    check_tensor(kernel, "depths", depths, torch.uint8, 1)
+    check_tensor(kernel, "buckets", buckets, torch.int32, 2)
     check_tensor(kernel, "directory", directory, torch.int32, 1)
     check_tensor(kernel, "shape", shape, torch.int64, 1)
-    capacity = digests.shape[0]
-    if slots.shape != digests.shape or depths.shape[0] != capacity or \
-            digests.shape[1] != 32:
-        raise ValueError(f"cpu_native.{kernel}: digests {tuple(digests.shape)}, slots "
-                         f"{tuple(slots.shape)} and depths {tuple(depths.shape)} must be "
-                         f"[capacity, 32], [capacity, 32] and [capacity]")
+    capacity = buckets.shape[0]
+    if buckets.shape[1] != 32:
+        raise ValueError(f"cpu_native.{kernel}: buckets {tuple(buckets.shape)} must be "
+                         f"[capacity, 32] (128 bytes a bucket)")
     if shape.shape[0] != 2:
         raise ValueError(f"cpu_native.{kernel}: shape must hold 2 values, got "
                          f"{shape.shape[0]}")
-    buckets, depth = (int(v) for v in shape.tolist())
-    if not 1 <= buckets <= capacity or not 0 <= depth <= 32 or \
+    num_buckets, depth = (int(v) for v in shape.tolist())
+    if not 1 <= num_buckets <= capacity or not 0 <= depth <= 32 or \
             2**depth > directory.shape[0]:
-        raise ValueError(f"cpu_native.{kernel}: shape ({buckets} buckets, depth {depth}) "
+        raise ValueError(f"cpu_native.{kernel}: shape ({num_buckets} buckets, depth {depth}) "
                          f"does not fit arrays of {capacity} buckets and a directory of "
                          f"{directory.shape[0]} entries")
     return capacity, directory.shape[0]

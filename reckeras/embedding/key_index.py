@@ -8,12 +8,13 @@ through one of two indexes (`TableOptions(index=...)`):
   cache lines; 16 bytes a slot, 32 to 64 bytes a key. Grown by rehashing
   into a map twice as large, built in the background for a large CPU table
   (`index_build`): the old and the new map are both held meanwhile.
-* `"compact"` (`CompactIndex`): buckets of 32 one-byte digests and int32
-  rows (`backend_kernels.bucket_index`), the keys read from the table's
-  `keys` array; about 6.5 bytes a key, grown one bucket at a time and never
-  copied (a large CPU table's arrays grow in place inside reserved address
-  space). A lookup reads about twice the cache lines of `"hash"`: its
-  kernels are slower (see docs/performance.md, "Compact tables").
+* `"compact"` (`CompactIndex`): buckets of one cache line, 12 one-byte
+  digests and int32 rows (`backend_kernels.bucket_index`), the keys read
+  from the table's `keys` array; about 7 bytes a key, grown one bucket at a
+  time and never copied (a large CPU table's arrays grow in place inside
+  reserved address space). A lookup reads a directory entry, one or two
+  buckets and the key, where `"hash"` reads about two lines: its kernels
+  are about twice as slow (see docs/performance.md, "Compact tables").
 
 Both resolve keys the table holds to its rows and insert absent keys with
 the rows `num_rows, num_rows + 1, ...`, writing their keys into the table's
@@ -188,7 +189,7 @@ class CompactIndex:
     ```python
     table = PhysicalTable(dim=4, index="compact")
     table.find_or_insert(torch.arange(1000))     # rows 0 .. 999
-    table.memory_by_part()["index"]              # ~6.5 bytes a key, and the directory
+    table.memory_by_part()["index"]              # ~7 bytes a key, and the directory
     ```
     """
 
@@ -245,9 +246,9 @@ class CompactIndex:
             extra_keys: keys about to be inserted.
             num_rows: the keys it holds (unused: the buckets tell).
         """
-        digests, _, _, directory, shape = self.arrays
+        array, directory, shape = self.arrays
         buckets, entries = bucket_index.room_needed(shape, extra_keys)
-        if buckets <= digests.shape[0] and entries <= directory.shape[0]:
+        if buckets <= array.shape[0] and entries <= directory.shape[0]:
             return
         if self._reserved or (self.reservable and buckets >= RESERVE_FROM_BUCKETS):
             self._move_to_reserved(buckets, entries)
@@ -258,20 +259,19 @@ class CompactIndex:
         """Arrays in reserved memory, sized for all the buckets the host's
         memory could hold: growing them later moves nothing. Their fresh
         pages read zeros (an empty index) and cost nothing until written."""
-        digests, slots, depths, directory, shape = self.arrays
-        if self._reserved and buckets <= digests.shape[0] and entries <= directory.shape[0]:
+        array, directory, shape = self.arrays
+        if self._reserved and buckets <= array.shape[0] and entries <= directory.shape[0]:
             return
         if self._reserved:
             raise MemoryError(f"a compact index of {buckets} buckets and {entries} "
                               f"directory entries exceeds the host's memory")
-        most = max(buckets, physical_host_bytes() // (bucket_index.SLOTS * 5 + 1))
+        most = max(buckets, physical_host_bytes() // bucket_index.BUCKET_BYTES)
         used, in_use = int(shape[0]), 2 ** int(shape[1])
         moved = []
-        for array, rows in ((digests, most), (slots, most), (depths, most),
-                            (directory, max(entries, 4 * most))):
-            reserved = reserve_memory((rows, *array.shape[1:]), array.dtype)
-            count = in_use if array is directory else used
-            reserved[:count] = array[:count]
+        for old, rows, count in ((array, most, used),
+                                 (directory, max(entries, 4 * most), in_use)):
+            reserved = reserve_memory((rows, *old.shape[1:]), old.dtype)
+            reserved[:count] = old[:count]
             moved.append(reserved)
         self.arrays = (*moved, shape)    # type: ignore[assignment]
         self._reserved = True
@@ -284,10 +284,10 @@ class CompactIndex:
         """Bytes of the index: its whole arrays, or, in reserved memory, the
         buckets and directory entries in use (its other pages are not
         committed)."""
-        digests, _, _, directory, shape = self.arrays
-        buckets = int(shape[0]) if self._reserved else digests.shape[0]
+        array, directory, shape = self.arrays
+        buckets = int(shape[0]) if self._reserved else array.shape[0]
         entries = 2 ** int(shape[1]) if self._reserved else directory.shape[0]
-        return buckets * (bucket_index.SLOTS * 5 + 1) + entries * 4
+        return buckets * bucket_index.BUCKET_BYTES + entries * 4
 
 
 def new_index(kind: str, table: Any, device: torch.device,

@@ -57,8 +57,8 @@ class TableOptions:
         index: how rows are found by key: `"hash"` (an open-addressing
             hash map, the fastest lookups, 32 to 64 bytes a row) or
             `"compact"` (buckets of one-byte digests and int32 rows, about
-            6.5 bytes a row, grown one bucket at a time without a second
-            copy; its lookups read about twice the memory, see
+            7 bytes a row, grown one bucket at a time without a second
+            copy; its lookups are about twice as slow, see
             `docs/performance.md`, "Compact tables"). For tables of 10^8
             rows, where the hash map costs as much memory as the rows. Tables
             of one dim share one physical table, so they must agree on it.

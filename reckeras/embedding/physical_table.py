@@ -99,7 +99,7 @@ class PhysicalTable(RowStore):
         dtype: the rows' dtype: `torch.float32`, `torch.float16` or
             `torch.bfloat16` (the optimizer state is float32).
         index: the key index, `"hash"` (the fastest) or `"compact"` (about
-            6.5 bytes a key where `"hash"` takes 32 to 64; see `key_index`).
+            7 bytes a key where `"hash"` takes 32 to 64; see `key_index`).
 
     Example:
 

@@ -70,7 +70,7 @@ def test_find_or_insert_matches_reference_mapping(keys):
 
 def sized_index(new_keys):
     """An empty index and arena with room for `new_keys` keys (`room_needed`)."""
-    capacity, directory_capacity = bucket_index.room_needed(bucket_index.new_index()[4],
+    capacity, directory_capacity = bucket_index.room_needed(bucket_index.new_index()[2],
                                                             new_keys)
     return (bucket_index.new_index(directory_capacity, capacity),
             torch.zeros(new_keys, dtype=torch.int64))
@@ -354,23 +354,19 @@ SANITIZER_CASES = {
                                   address(rows), 2**63 - 1, 1, 1)
         """, "runtime error: signed integer overflow"),
     "a new row past the arena": ("""
-        digests, slots, depths, directory = (torch.zeros(4, 32, dtype=torch.uint8),
-                                             torch.zeros(4, 32, dtype=torch.int32),
-                                             torch.zeros(4, dtype=torch.uint8),
-                                             torch.zeros(8, dtype=torch.int32))
+        buckets, directory = (torch.zeros(4, 32, dtype=torch.int32),
+                              torch.zeros(8, dtype=torch.int32))
         shape, arena = torch.tensor([1, 0]), torch.zeros(4, dtype=torch.int64)
         keys, rows = torch.tensor([7]), torch.empty(1, dtype=torch.int64)
         try:
-            cpu_native.bucket_find_or_insert(digests, slots, depths, directory, shape, arena,
-                                             keys, 5)
+            cpu_native.bucket_find_or_insert(buckets, directory, shape, arena, keys, 5)
         except ValueError as error:
             print("refused:", error, flush=True)
         # arena_capacity 8 for an arena of 4 rows, all in use: row 4 is written
         # past its end.
-        library.rk_bucket_find_or_insert(address(digests), address(slots), address(depths),
-                                         address(directory), address(shape), 4, 8,
-                                         address(arena), 8, 4, address(keys), 1,
-                                         address(rows), 1, 1)
+        library.rk_bucket_find_or_insert(address(buckets), address(directory),
+                                         address(shape), 4, 8, address(arena), 8, 4,
+                                         address(keys), 1, address(rows), 1, 1)
         """, "ERROR: AddressSanitizer: heap-buffer-overflow"),
 }
 

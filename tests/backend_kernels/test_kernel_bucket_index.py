@@ -19,7 +19,7 @@ from kernel_cases import (DEVICE, INT64_MAX, INT64_MIN, SETTINGS, on_cpu, requir
                           triton_route)
 
 from reckeras.backend_kernels import bucket_index, cpu_native
-from reckeras.backend_kernels.bucket_index import SLOTS, load, new_index, room_needed
+from reckeras.backend_kernels.bucket_index import SLOTS, load, new_index, room_needed, views
 from reckeras.backend_kernels.dispatch import TRITON_AVAILABLE
 
 requires_native = pytest.mark.skipif(not cpu_native.available(),
@@ -77,14 +77,14 @@ AVAILABLE = ["reference"] + ["native"] * cpu_native.available() + ["triton"] * T
 
 def moved(device, index, arena):
     """The index's arrays and the arena on `device` (`shape` stays on the CPU)."""
-    return (*(t.to(device) for t in index[:4]), index[4]), arena.to(device)
+    return (*(t.to(device) for t in index[:2]), index[2]), arena.to(device)
 
 
 def grown(index, arena, num_rows, new_keys):
     """Room for `new_keys` more keys, as a table makes it: the capacities of
     `room_needed` (and arena rows for them), each array that falls short
     copied into a zero-filled larger one on its device."""
-    capacity, directory_capacity = room_needed(index[4], new_keys)
+    capacity, directory_capacity = room_needed(index[2], new_keys)
 
     def larger(array, size):
         if array.shape[0] >= size:
@@ -93,9 +93,8 @@ def grown(index, arena, num_rows, new_keys):
         copy[:array.shape[0]] = array
         return copy
 
-    digests, slots, depths, directory, shape = index
-    return ((larger(digests, capacity), larger(slots, capacity), larger(depths, capacity),
-             larger(directory, directory_capacity), shape),
+    buckets, directory, shape = index
+    return ((larger(buckets, capacity), larger(directory, directory_capacity), shape),
             larger(arena, num_rows + new_keys))
 
 
@@ -105,15 +104,18 @@ def empty_index(device=torch.device("cpu")):
 
 def assert_well_formed(index, arena, num_rows):
     """The layout every implementation writes: each row in one slot, its
-    digest set, the directory pointing each bucket from one aligned range of
-    2**(global - local depth) entries, nothing past the buckets in use."""
-    (digests, slots, depths, directory), shape = on_cpu(*index[:4]), index[4]
+    digest set, the bytes past the depth zero, the directory pointing each
+    bucket from one aligned range of 2**(global - local depth) entries,
+    nothing past the buckets in use."""
+    (buckets, directory), shape = on_cpu(*index[:2]), index[2]
+    digests, slots, depths = views(buckets)
     count, depth = shape.tolist()
-    assert 1 <= count <= digests.shape[0] and 2 ** depth <= directory.shape[0]
-    assert digests.shape == slots.shape == (digests.shape[0], SLOTS)
+    assert 1 <= count <= buckets.shape[0] and 2 ** depth <= directory.shape[0]
+    assert digests.shape == slots.shape == (buckets.shape[0], SLOTS)
     used = slots[:count] != 0
     assert torch.equal(digests[:count] != 0, used)
-    assert not slots[count:].any() and not digests[count:].any()
+    assert not buckets[count:].any()
+    assert not buckets.view(torch.uint8)[:, 26:28].any()
     assert sorted((slots[:count][used].long() - 1).tolist()) == list(range(num_rows))
     local = depths[:count].long()
     assert bool((local <= depth).all())
@@ -165,7 +167,7 @@ def test_find_or_insert_is_a_consistent_dense_mapping(name, batches):
     absent = torch.tensor([k for k in ABSENT if k not in mapping], dtype=torch.int64)
     assert on_cpu(impl.find(index, arena, absent.to(impl.device), num_rows)).tolist() == \
         [-1] * absent.numel()
-    assert load(index[4], num_rows) == num_rows / (int(index[4][0]) * SLOTS)
+    assert load(index[2], num_rows) == num_rows / (int(index[2][0]) * SLOTS)
 
 
 @SETTINGS
@@ -205,10 +207,10 @@ def test_many_keys_into_a_one_bucket_index(name):
     mapping = {}
     index, arena = empty_index()
     index, arena, num_rows = insert_batch(name, index, arena, 0, mapping, keys.tolist())
-    count, depth = index[4].tolist()
+    count, depth = index[2].tolist()
     assert num_rows == len(set(keys.tolist())) and count > keys.numel() // SLOTS
-    assert depth >= (5 if part > 1 else 7)
-    assert 0.5 < load(index[4], num_rows) <= 1
+    assert depth >= (6 if part > 1 else 8)
+    assert 0.5 < load(index[2], num_rows) <= 1
     assert_well_formed(index, arena, num_rows)
     impl = IMPLEMENTATIONS[name]
     found = impl.find(index, arena, keys.to(impl.device), num_rows)
@@ -228,8 +230,8 @@ def assert_partial(rows, count, keys, num_rows):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_no_room_leaves_keys_out_and_the_next_call_places_them(name):
-    # One bucket and a directory of one entry: 32 keys fit, the bucket
-    # cannot split, the other 68 resolve to -1 and nothing of them is kept.
+    # One bucket and a directory of one entry: 25 keys fit, the bucket
+    # cannot split, the other 75 resolve to -1 and nothing of them is kept.
     impl = IMPLEMENTATIONS[name]
     keys = torch.arange(100) * 7919 - 500
     index, arena = moved(impl.device, new_index(1, 1), torch.zeros(100, dtype=torch.int64))
@@ -237,7 +239,7 @@ def test_no_room_leaves_keys_out_and_the_next_call_places_them(name):
     rows = on_cpu(rows)
     assert count == SLOTS and int((rows < 0).sum()) == 100 - SLOTS
     assert_partial(rows, count, keys, 0)
-    assert index[4].tolist() == [1, 0]
+    assert index[2].tolist() == [1, 0]
     assert torch.equal(on_cpu(arena)[rows[rows >= 0]], keys[rows >= 0])
     assert on_cpu(impl.find(index, arena, keys.to(impl.device), count)).tolist() == \
         rows.tolist()
@@ -294,7 +296,7 @@ def test_the_reference_numbers_a_round_in_key_order():
     rows, count = bucket_index.find_or_insert_reference(*index, arena, keys, count)
     assert rows.tolist() == [6, 2, 5, 6, 3, 0, 7, 4, 5] and count == 8
     assert arena[:8].tolist() == [-100, 100, INT64_MIN, -1, 0, 4, 9, INT64_MAX]
-    assert index[4].tolist() == [1, 0]
+    assert index[2].tolist() == [1, 0]
 
 
 def test_the_reference_is_deterministic():
@@ -314,27 +316,46 @@ def test_the_reference_is_deterministic():
 
 
 def test_load_and_room_needed():
-    # room_needed: the buckets in use, one more for every 8 new keys and 8; the directory 2**
-    # (the depth of that many buckets, or the global depth if larger, + 2).
-    assert room_needed(new_index()[4], 0) == (9, 64)
-    assert room_needed(new_index()[4], 1) == (9, 64)
-    assert room_needed(new_index()[4], 1000) == (134, 1024)
+    # room_needed: the buckets in use, one more for every 6 new keys and 8; the directory
+    # 2** (the depth of that many buckets, or the global depth if larger, + 2).
+    assert room_needed(new_index()[2], 0) == (9, 64)
+    assert room_needed(new_index()[2], 5) == (9, 64)
+    assert room_needed(new_index()[2], 1000) == (175, 1024)
     assert room_needed(torch.tensor([5, 3]), 10) == (14, 64)
     assert room_needed(torch.tensor([5, 9]), 10) == (14, 2**11)
     assert room_needed(torch.tensor([3, 31]), 1) == (11, 2**32)          # at most 32 bits
-    assert load(new_index()[4], 16) == 0.5
-    assert load(torch.tensor([4, 2]), 96) == 0.75
+    assert load(new_index()[2], 5) == 0.2
+    assert load(torch.tensor([4, 2]), 75) == 0.75
     assert load(torch.tensor([10, 5]), 0) == 0.0
 
 
-def test_new_index_is_one_empty_bucket():
-    digests, slots, depths, directory, shape = new_index(8, 3)
-    assert (digests.shape, digests.dtype) == ((3, SLOTS), torch.uint8)
-    assert (slots.shape, slots.dtype) == ((3, SLOTS), torch.int32)
-    assert (depths.shape, depths.dtype) == ((3,), torch.uint8)
+def test_new_index_is_one_empty_bucket_and_views_write_through():
+    buckets, directory, shape = new_index(8, 3)
+    assert (buckets.shape, buckets.dtype) == ((3, 32), torch.int32)
     assert (directory.shape, directory.dtype) == ((8,), torch.int32)
     assert shape.tolist() == [1, 0] and shape.dtype == torch.int64 and shape.is_cpu
-    assert not any(t.any() for t in (digests, slots, depths, directory))
-    assert bucket_index.find_reference(digests, slots, depths, directory, shape,
+    assert not buckets.any() and not directory.any()
+    assert bucket_index.find_reference(buckets, directory, shape,
                                        torch.zeros(0, dtype=torch.int64),
                                        torch.tensor(NEAR_LIMITS)).tolist() == [-1] * 6
+    # One 128-byte bucket a row: digests at bytes 0-24, the depth at 25, rows at words 7-31.
+    digests, rows, depths = views(buckets)
+    digests[1, 24], depths[1], rows[1, 0], rows[2, 24] = 7, 3, -5, 9
+    raw = buckets.view(torch.uint8)
+    assert (raw[1, 24], raw[1, 25]) == (7, 3)
+    assert (buckets[1, 7], buckets[2, 31]) == (-5, 9)
+    assert int((buckets != 0).sum()) == 3          # the last digest and the depth: word 6
+
+
+def test_most_keys_sit_in_their_first_bucket():
+    """Placement prefers a key's first bucket, so a lookup reads one line
+    for most keys."""
+    generator = torch.Generator().manual_seed(11)
+    keys = torch.randint(INT64_MIN, INT64_MAX, (4000,), generator=generator)
+    index, arena = grown(*empty_index(), 0, keys.numel())
+    rows, _ = bucket_index.find_or_insert_reference(*index, arena, keys, 0)
+    buckets, directory, shape = index
+    first, _, digest = bucket_index._hashes(keys)
+    home = bucket_index._buckets(directory, first, int(shape[1]))
+    in_first = (views(buckets)[1].index_select(0, home) == (rows + 1)[:, None].int()).any(1)
+    assert float(in_first.float().mean()) > 0.6

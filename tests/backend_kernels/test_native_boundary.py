@@ -258,17 +258,16 @@ def test_the_capacity_must_be_a_power_of_two(capacity):
 # ---- bucket_find_or_insert ------------------------------------------------------------
 
 # Wrong dtypes of the index's arrays.
-WRONG_BYTES = [torch.int8, torch.int32, torch.bool, torch.float32]
 WRONG_INT32S = [torch.int64, torch.int16, torch.uint8, torch.float32]
 
 
 def _bucket_index(draw):
     """An index holding some keys (as the torch reference builds it, from
-    one bucket: past 32 keys it has split), its arrays sized by
+    one bucket: past 25 keys it has split), its arrays sized by
     `room_needed` for 40 more keys, and an arena of a few rows more than it
     holds (perhaps too few for the new keys)."""
     stored = int64_tensor(draw, int64s, draw(st.integers(0, 80)))
-    capacity, directory_capacity = bucket_index.room_needed(bucket_index.new_index()[4],
+    capacity, directory_capacity = bucket_index.room_needed(bucket_index.new_index()[2],
                                                             stored.numel() + 40)
     index = bucket_index.new_index(directory_capacity, capacity)
     arena = torch.zeros(stored.numel() + draw(st.integers(0, 45)), dtype=torch.int64)
@@ -294,7 +293,7 @@ def expected_rows(keys, arena, num_rows, insert):
 def test_bucket_find_or_insert(data):
     draw = data.draw
     index, arena, stored, num_rows = _bucket_index(draw)
-    digests, slots, depths, directory, shape = index
+    buckets, directory, shape = index
     count, depth = shape.tolist()
     # Keys already stored, new ones, duplicates, the extremes (ordinary keys).
     keys = torch.cat([int64_tensor(draw, int64s, draw(st.integers(0, 30))), stored[:5],
@@ -302,15 +301,14 @@ def test_bucket_find_or_insert(data):
                           [INT64_MIN, INT64_MIN + 1, INT64_MAX, 0, -1]), max_size=4)),
                           dtype=torch.int64)])
     insert = draw(st.booleans())
-    args = {"digests": digests, "slots": slots, "depths": depths, "directory": directory,
-            "shape": shape, "arena": arena, "keys": keys, "num_rows": num_rows,
+    args = {"buckets": buckets, "directory": directory, "shape": shape, "arena": arena, "keys": keys, "num_rows": num_rows,
             "insert": insert}
     too_shallow = directory[:2 ** depth // 2].clone()     # shorter than the depth reads
     shape_breaks = [
         ("of 3 values", ValueError, torch.tensor([count, depth, 0])),
         ("of 1 value", ValueError, torch.tensor([count])),
         ("with more buckets than the arrays", ValueError,
-         torch.tensor([digests.shape[0] + 1, depth])),
+         torch.tensor([buckets.shape[0] + 1, depth])),
         ("with no bucket", ValueError, torch.tensor([0, depth])),
         ("with a negative depth", ValueError, torch.tensor([count, -1])),
         ("with a depth past 32 bits", ValueError, torch.tensor([count, 33])),
@@ -318,9 +316,9 @@ def test_bucket_find_or_insert(data):
          torch.tensor([count, directory.shape[0].bit_length()])),
         ("with an int64 extreme", ValueError, torch.tensor([INT64_MIN, INT64_MAX]))]
     assert_all_refused(cpu_native.bucket_find_or_insert, args, {
-        "digests": tensor_breaks(digests, WRONG_BYTES) + length_breaks(digests),
-        "slots": tensor_breaks(slots, WRONG_INT32S) + length_breaks(slots),
-        "depths": tensor_breaks(depths, WRONG_BYTES) + length_breaks(depths),
+        "buckets": tensor_breaks(buckets, WRONG_INT32S) + [
+            ("of 31 words a bucket", ValueError, buckets[:, :31].clone()),
+            ("fewer than the buckets in use", ValueError, buckets[:count - 1].clone())],
         "directory": tensor_breaks(directory, WRONG_INT32S) + [
             ("shorter than 2**depth", ValueError, too_shallow)],
         "shape": tensor_breaks(shape) + shape_breaks,
@@ -329,7 +327,7 @@ def test_bucket_find_or_insert(data):
         "num_rows": count_breaks() + [
             ("past the arena", ValueError, arena.numel() + 1),
             ("past int32 rows", ValueError, 2**31)]},
-        digests, slots, depths, directory, shape, arena)
+        buckets, directory, shape, arena)
     expected, expected_count = expected_rows(keys, arena, num_rows, insert)
     before = [t.clone() for t in (*index, arena)]
     rows, count = cpu_native.bucket_find_or_insert(**args)
@@ -342,15 +340,16 @@ def test_bucket_find_or_insert(data):
     assert torch.equal(arena[rows[rows >= 0]], keys[rows >= 0])
 
 
-def test_buckets_must_have_32_slots():
-    # The kernel reads 32 digests a bucket: 16-slot buckets would be read
-    # past their end.
-    digests, slots, depths, directory, shape = bucket_index.new_index(4, 2)
-    with pytest.raises(ValueError, match="32"):
-        cpu_native.bucket_find_or_insert(digests[:, :16].contiguous(),
-                                         slots[:, :16].contiguous(), depths, directory,
-                                         shape, torch.zeros(8, dtype=torch.int64),
-                                         torch.arange(3), 0)
+def test_buckets_must_be_128_bytes():
+    # The kernel reads 128-byte buckets: narrower ones would be read past
+    # their end, wider ones misread.
+    buckets, directory, shape = bucket_index.new_index(4, 2)
+    for width in (16, 64):
+        with pytest.raises(ValueError, match=r"\[capacity, 32\]"):
+            cpu_native.bucket_find_or_insert(torch.zeros(2, width, dtype=torch.int32),
+                                             directory, shape,
+                                             torch.zeros(8, dtype=torch.int64),
+                                             torch.arange(3), 0)
 
 
 def _indexed(keys, capacity=64):
@@ -369,9 +368,11 @@ LOOKED_UP = torch.arange(2000) * 7919
 @pytest.mark.parametrize("value", ["buckets in use", "capacity", 2**31 - 1, -1])
 def test_a_directory_entry_past_the_buckets_is_corrupt(value, insert):
     index, arena, _, num_rows = _indexed(torch.arange(100) * 31)
-    directory, shape = index[3:]
-    assert shape.tolist() == [4, 2]
-    directory[3] = {"buckets in use": 4, "capacity": 64}.get(value, value)
+    buckets, directory, shape = index
+    count, depth = shape.tolist()
+    assert count > 4 and depth >= 2
+    directory[2 ** depth - 1] = {"buckets in use": count,
+                                 "capacity": buckets.shape[0]}.get(value, value)
     with pytest.raises(ValueError, match="corrupt"):
         cpu_native.bucket_find_or_insert(*index, arena, LOOKED_UP, num_rows, insert=insert)
 
@@ -381,7 +382,7 @@ def test_a_directory_entry_past_the_buckets_is_corrupt(value, insert):
 def test_a_slot_past_the_rows_is_corrupt(row, insert):
     keys = torch.arange(100) * 31
     index, arena, rows, num_rows = _indexed(keys)
-    slots = index[1]
+    slots = bucket_index.views(index[0])[1]
     # The slot of key 62's row now says a row the arena does not hold (its
     # digest still matches the key's: a lookup of the key reads it).
     cell = (slots == int(rows[2]) + 1).nonzero()[0]
@@ -394,9 +395,9 @@ def test_a_slot_past_the_rows_is_corrupt(row, insert):
 def test_a_slot_past_the_rows_is_corrupt_when_its_bucket_splits():
     # No key looked up matches the bad slot's digest: the split that the new
     # keys need reads every member's key, and meets it.
-    index, arena, _, num_rows = _indexed(torch.arange(32), capacity=4)
-    slots = index[1]
-    assert index[4].tolist() == [1, 0] and bool((slots[0] != 0).all())   # one full bucket
+    index, arena, _, num_rows = _indexed(torch.arange(25), capacity=4)
+    slots = bucket_index.views(index[0])[1]
+    assert index[2].tolist() == [1, 0] and bool((slots[0] != 0).all())   # one full bucket
     slots[0, 0] = num_rows + 1
     fresh = torch.arange(10**9, 10**9 + 8)
     found, count = cpu_native.bucket_find_or_insert(*index, arena, fresh, num_rows,
@@ -416,10 +417,10 @@ def test_a_local_depth_past_the_global_depth_is_corrupt():
         from reckeras.backend_kernels import bucket_index, cpu_native
         index = bucket_index.new_index(8, 4)
         arena = torch.zeros(64, dtype=torch.int64)
-        _, num_rows = cpu_native.bucket_find_or_insert(*index, arena, torch.arange(32), 0)
-        index[2][0] = 40          # the one bucket (full), its local depth past 0
+        _, num_rows = cpu_native.bucket_find_or_insert(*index, arena, torch.arange(25), 0)
+        bucket_index.views(index[0])[2][0] = 40   # the one bucket (full): depth past 0
         try:
-            cpu_native.bucket_find_or_insert(*index, arena, torch.arange(32, 40), num_rows)
+            cpu_native.bucket_find_or_insert(*index, arena, torch.arange(25, 33), num_rows)
         except ValueError as error:
             print(error)
         """)], capture_output=True, text=True, timeout=300)
@@ -460,17 +461,17 @@ def test_a_full_map_is_an_error_not_a_hang():
 
 def test_a_full_index_leaves_keys_out_without_hanging():
     # One bucket that cannot split (no room for a second one, a directory of
-    # one entry): 32 keys fit, then 50,000 new ones each find both their
+    # one entry): 25 keys fit, then 50,000 new ones each find both their
     # buckets full and no split possible, and resolve to -1.
     index = bucket_index.new_index(1, 1)
     arena = torch.zeros(100_000, dtype=torch.int64)
-    rows, count = cpu_native.bucket_find_or_insert(*index, arena, torch.arange(32), 0)
-    assert count == 32 and sorted(rows.tolist()) == list(range(32))
+    rows, count = cpu_native.bucket_find_or_insert(*index, arena, torch.arange(25), 0)
+    assert count == 25 and sorted(rows.tolist()) == list(range(25))
     before = [t.clone() for t in index]
     absent = torch.cat([torch.arange(10**6, 10**6 + 50_000), torch.tensor([3])])
     found, count = _returns_within(
-        lambda: cpu_native.bucket_find_or_insert(*index, arena, absent, 32), 30)
-    assert count == 32 and found[:-1].eq(-1).all() and int(found[-1]) == int(rows[3])
+        lambda: cpu_native.bucket_find_or_insert(*index, arena, absent, 25), 30)
+    assert count == 25 and found[:-1].eq(-1).all() and int(found[-1]) == int(rows[3])
     assert all(torch.equal(t, b) for t, b in zip(index, before))
 
 

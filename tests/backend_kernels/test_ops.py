@@ -120,7 +120,7 @@ def test_mutated_arguments_are_declared():
     assert {name: args for name, args in mutated.items() if args} == {
         "update": ["weights", "state"], "aggregate_and_update": ["weights", "state"],
         "find_or_insert": ["slot_keys", "slot_rows"],
-        "bucket_find_or_insert": ["digests", "slots", "depths", "directory", "shape", "arena"]}
+        "bucket_find_or_insert": ["buckets", "directory", "shape", "arena"]}
 
 
 def test_fake_tensors_get_the_shapes_and_dtypes_of_the_outputs():

@@ -52,16 +52,16 @@ def test_compact_and_hash_tables_hold_the_same_rows():
                                       exported["compact"][name][order["compact"]])
 
 
-def test_a_compact_index_takes_about_6_5_bytes_a_key(monkeypatch):
+def test_a_compact_index_takes_about_7_bytes_a_key(monkeypatch):
     monkeypatch.setattr(key_index_module, "RESERVE_FROM_BUCKETS", 64)
     table = PhysicalTable(dim=16, index="compact")
     grow(table, torch.arange(200_000) * 104729, 50_000)
-    shape = table.key_index.arrays[4]
+    shape = table.key_index.arrays[2]
     index_bytes = table.memory_by_part()["index"]
-    # Buckets of 32 slots (5 bytes each) and a depth byte, and the directory's
-    # entries in use: past RESERVE_FROM_BUCKETS the arrays are in reserved
-    # memory, where only those count.
-    assert index_bytes == int(shape[0]) * 161 + 2 ** int(shape[1]) * 4
+    # Buckets of 128 bytes (25 slots) and the directory's entries in use:
+    # past RESERVE_FROM_BUCKETS the arrays are in reserved memory, where
+    # only those count.
+    assert index_bytes == int(shape[0]) * 128 + 2 ** int(shape[1]) * 4
     assert 0.6 <= bucket_index.load(shape, 200_000) <= 1.0
     assert index_bytes / 200_000 < 10
     # The hash map: 16 bytes a slot at a load under 1/2.
@@ -74,14 +74,14 @@ def test_a_large_compact_index_grows_in_reserved_memory_without_moving(monkeypat
     monkeypatch.setattr(key_index_module, "RESERVE_FROM_BUCKETS", 64)
     table = PhysicalTable(dim=2, index="compact")
     grow(table, torch.arange(4000) * 31, 1000)                # past 64 buckets
-    digests, directory = table.key_index.arrays[0], table.key_index.arrays[3]
-    pointers = (digests.data_ptr(), directory.data_ptr())
+    buckets, directory = table.key_index.arrays[0], table.key_index.arrays[1]
+    pointers = (buckets.data_ptr(), directory.data_ptr())
     mapping = grow(table, torch.arange(4000, 60_000) * 31, 4000)
     assert (table.key_index.arrays[0].data_ptr(),
-            table.key_index.arrays[3].data_ptr()) == pointers
-    shape = table.key_index.arrays[4]
+            table.key_index.arrays[1].data_ptr()) == pointers
+    shape = table.key_index.arrays[2]
     # Reserved memory counts the buckets and directory entries in use.
-    assert table.memory_by_part()["index"] == int(shape[0]) * 161 + 2 ** int(shape[1]) * 4
+    assert table.memory_by_part()["index"] == int(shape[0]) * 128 + 2 ** int(shape[1]) * 4
     keys = torch.tensor(list(mapping))
     assert torch.equal(table.find(keys), torch.tensor(list(mapping.values())))
 
