@@ -6,7 +6,9 @@ trains on the same batches with:
 
 * reckeras (`rk.Model.fit`) with its default `pipeline="auto"`, and with
   the pipeline's stage threads forced on (`reckeras_pipeline_threads`) and
-  off (`reckeras_no_pipeline`); the model is written as a user writes it:
+  off (`reckeras_no_pipeline`), and its tables on the compact key index
+  (`reckeras_compact`: `TableOptions(index="compact")`, the opt-in index of
+  large tables); the model is written as a user writes it:
   `FeatureColumns`, `ShardedEmbedding`, `keras.layers.Dense`, and
   `rk.layers.DotInteraction` for `dlrm`;
 * plain Keras (one `keras.layers.Embedding` per field, `model.fit`);
@@ -90,7 +92,9 @@ from workloads import (NUM_DENSE, WORKLOADS, make_batches, null_rates, to_arrow,
 LEARNING_RATE = baselines.LEARNING_RATE
 SOURCES = ("memory", "parquet")
 RECKERAS_SYSTEMS = {"reckeras": "auto", "reckeras_pipeline_threads": True,
-                    "reckeras_no_pipeline": False}
+                    "reckeras_no_pipeline": False, "reckeras_compact": "auto"}
+# The key index of each reckeras system's tables (the others: the default).
+RECKERAS_INDEX = {"reckeras_compact": "compact"}
 # With --source parquet: reckeras on the null-free in-memory batches, beside it.
 RECKERAS_MEMORY = "reckeras_memory"
 BASELINE_SYSTEMS = list(baselines.BASELINES)
@@ -117,7 +121,7 @@ SCALING_BATCHES = (512, 2048, 8192)
 SCALING_WORKLOADS = ("dlrm", "wide", "huge")       # 26, 300 and 1000 fields
 
 
-def reckeras_model(workload, floor=False):
+def reckeras_model(workload, floor=False, index="hash"):
     """The workload's model as a reckeras user writes it, compiled: numeric
     features `I1..I13` with `transform="log1p"` (a missing value is 0 first),
     one Categorical per field (a missing id: an empty bag).
@@ -128,6 +132,7 @@ def reckeras_model(workload, floor=False):
             stands in for the `ShardedEmbedding` (no lookup, no embedding
             optimizer) and the FeatureColumns hold the numeric features and
             `C1` only.
+        index: the tables' key index (`TableOptions(index=...)`).
 
     Returns:
         A compiled `rk.Model` whose inputs are the columns `I1..I13` and
@@ -149,8 +154,11 @@ def reckeras_model(workload, floor=False):
         embedded = baselines.ConstantEmbeddings(workload.num_fields, workload.dim,
                                                 flatten=not stacked)(dense)
     else:
+        options = {spec.name: rk.embedding.TableOptions(index=index)
+                   for spec in specs if isinstance(spec, rk.features.Categorical)}
         embedded = rk.layers.ShardedEmbedding(
-            columns, output="stacked" if stacked else "concat")(sparse)
+            columns, output="stacked" if stacked else "concat",
+            table_options=options if index != "hash" else None)(sparse)
     bottom = dense
     for width in workload.bottom:
         bottom = keras.layers.Dense(width, activation="relu")(bottom)
@@ -168,7 +176,8 @@ def reckeras_model(workload, floor=False):
     return model
 
 
-def run_reckeras(workload, batches, warmup, pipeline, floor=False, parquet_dir=None):
+def run_reckeras(workload, batches, warmup, pipeline, floor=False, parquet_dir=None,
+                 index="hash"):
     """examples/s of `rk.Model.fit` over the batches after `warmup`.
 
     Args:
@@ -182,6 +191,7 @@ def run_reckeras(workload, batches, warmup, pipeline, floor=False, parquet_dir=N
             directory `workloads.write_parquet` wrote them to: the warmup
             `fit` and the timed one each get `rk.datasets.from_parquet` of
             their part, opened inside the timed span for the timed one.
+        index: the tables' key index.
 
     Returns:
         Examples of the timed `fit` call / its wall-clock seconds.
@@ -192,7 +202,7 @@ def run_reckeras(workload, batches, warmup, pipeline, floor=False, parquet_dir=N
     import reckeras as rk
     keras.utils.set_random_seed(0)
     batch_size = len(batches[0][2])
-    model = reckeras_model(workload, floor)
+    model = reckeras_model(workload, floor, index)
     timed_rows = (len(batches) - warmup) * batch_size
     if parquet_dir is None:
         table = to_arrow(batches, workload)
@@ -286,7 +296,7 @@ def measure(name, system, batch_size, steps, warmup, source="memory", data_dir=N
     parquet_dir = os.path.join(data_dir, "parquet") if from_files else None
     if base in RECKERAS_SYSTEMS or base == RECKERAS_MEMORY:
         return run_reckeras(workload, batches, warmup, RECKERAS_SYSTEMS.get(base, "auto"),
-                            floor, parquet_dir)
+                            floor, parquet_dir, RECKERAS_INDEX.get(base, "hash"))
     feed = (MemoryFeed(batches, warmup) if parquet_dir is None
             else ParquetFeed(parquet_dir, workload, batch_size))
     measured = baselines.BASELINES[base](workload, feed, floor=floor)

@@ -8,8 +8,8 @@ through one of two indexes (`TableOptions(index=...)`):
   cache lines; 16 bytes a slot, 32 to 64 bytes a key. Grown by rehashing
   into a map twice as large, built in the background for a large CPU table
   (`index_build`): the old and the new map are both held meanwhile.
-* `"compact"` (`CompactIndex`): buckets of one cache line, 12 one-byte
-  digests and int32 rows (`backend_kernels.bucket_index`), the keys read
+* `"compact"` (`CompactIndex`): buckets of 128 bytes, 25 one-byte digests
+  and int32 rows (`backend_kernels.bucket_index`), the keys read
   from the table's `keys` array; about 7 bytes a key, grown one bucket at a
   time and never copied (a large CPU table's arrays grow in place inside
   reserved address space). A lookup reads a directory entry, one or two
@@ -45,7 +45,7 @@ from reckeras.embedding.options import INDEXES
 BUILD_AHEAD_FROM_SLOTS = 2**22
 BUILD_AHEAD_AT = 0.6
 
-# A CPU compact index that needs this many buckets (~1M keys) moves its
+# A CPU compact index that needs this many buckets (~600k keys) moves its
 # arrays into reserved address space, where they grow without moving.
 RESERVE_FROM_BUCKETS = 2**15
 

@@ -45,6 +45,17 @@ def test_reckeras_fit_gives_throughput(small_workload, floor):
     assert rate > 0
 
 
+def test_reckeras_compact_puts_every_table_on_the_compact_index(small_workload):
+    model = throughput.reckeras_model(small_workload, index="compact")
+    options = model.embedding_layers[0].table_options
+    assert sorted(options) == sorted(f"C{f + 1}" for f in range(small_workload.num_fields))
+    assert {o.index for o in options.values()} == {"compact"}
+    assert throughput.reckeras_model(small_workload).embedding_layers[0].table_options == {}
+    batches = make_batches(small_workload, batch_size=32, num_batches=3)
+    assert throughput.run_reckeras(small_workload, batches, warmup=1, pipeline=False,
+                                   index="compact") > 0
+
+
 @pytest.mark.parametrize("floor", [False, True], ids=["model", "floor"])
 def test_reckeras_fit_reads_parquet_files_with_nulls(small_workload, tmp_path, floor):
     batches = make_batches(small_workload, batch_size=32, num_batches=3)
