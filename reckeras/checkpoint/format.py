@@ -6,7 +6,9 @@ Layout of a checkpoint directory::
     index.json                         kind (full or delta), id, base (a delta's),
                                        world size, tables, windows (each
                                        table's window count, where it ages
-                                       out by windows), dense variable paths,
+                                       out by windows), the epochs fitted
+                                       (`fit`'s shuffle goes on from them),
+                                       dense variable paths,
                                        every file's size and CRC-32, format
                                        version, the index's own CRC-32
     dense.safetensors                  dense weights and the Keras optimizer's state (rank 0)
@@ -190,7 +192,7 @@ def layout_entry(layout: TableLayout) -> dict:
 
 def new_index(kind: str, identity: str, world_size: int, layouts: list[list[TableLayout]],
               windows: list[list[int | None]], dense_paths: list[str], files: dict,
-              base: dict | None) -> dict:
+              base: dict | None, epochs_fitted: int = 0) -> dict:
     """The index of a checkpoint being written, its own CRC-32 included.
 
     Args:
@@ -203,6 +205,8 @@ def new_index(kind: str, identity: str, world_size: int, layouts: list[list[Tabl
         dense_paths: the paths of `model.variables`, in order.
         files: `{file name: {"bytes", "crc32"}}` of every file.
         base: a delta's base, `{"id", "path"}`; None for a full checkpoint.
+        epochs_fitted: the epochs the model's `fit` calls completed (the
+            shuffle seed of its next epoch without a `seed`).
 
     Returns:
         The index, as `index.json` holds it.
@@ -211,7 +215,7 @@ def new_index(kind: str, identity: str, world_size: int, layouts: list[list[Tabl
              "world_size": world_size,
              "table_files": [table_file(r, world_size) for r in range(world_size)],
              "layers": [[layout_entry(layout) for layout in layer] for layer in layouts],
-             "windows": windows,
+             "windows": windows, "epochs_fitted": epochs_fitted,
              "dense_paths": dense_paths, "files": files}
     if base is not None:
         index["base"] = base
@@ -333,6 +337,10 @@ def read_index(path: str) -> dict:
                     n is None or (type(n) is int and n >= 0) for n in w)
                 for w, layer in zip(windows, layers, strict=True))):
             raise bad(f"windows {windows!r} do not give a window count or null per table")
+    # Added within format 4: an index without it loads as 0.
+    epochs = index.get("epochs_fitted", 0)
+    if type(epochs) is not int or epochs < 0:
+        raise bad(f"epochs_fitted {epochs!r} is not a count")
     return index
 
 

@@ -111,7 +111,7 @@ def save_checkpoint(model: Any, path: str | os.PathLike,
         checked.append((DENSE, write_tensors(dense, os.path.join(tmp, DENSE))))
         index = new_index("full" if link is None else "delta", identity, world.size,
                           layouts, windows, [v.path for v in model.variables],
-                          dict(checked), link)
+                          dict(checked), link, model.loop_state.epochs_fitted)
         with open(os.path.join(tmp, INDEX), "w") as f:
             json.dump(index, f, indent=1)
             f.flush()

@@ -43,10 +43,14 @@ class LoopState:
     Args:
         resume_position: where the next `fit` starts (`resume_at`), or None.
         weights_synced: whether every rank got rank 0's dense weights.
+        epochs_fitted: epochs the model's `fit` calls completed (saved in
+            and restored from checkpoints): an epoch without a `seed`
+            shuffles with the next (see `fit`'s `seed`).
     """
 
     resume_position: ResumePosition | None = None
     weights_synced: bool = False
+    epochs_fitted: int = 0
 
 
 def check_batch_size(batch_size: int | None) -> int:
@@ -266,7 +270,7 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
         validation_data: Any, shuffle: bool, class_weight: dict | None,
         sample_weight: Any, initial_epoch: int, steps_per_epoch: int | None,
         validation_steps: int | None, validation_batch_size: int | None,
-        validation_freq: int, labels: str | dict | None, seed: int,
+        validation_freq: int, labels: str | dict | None, seed: int | None,
         pipeline: bool | str, prefetch_depth: int) -> keras.callbacks.History:
     """The loop of `rk.Model.fit` (see its arguments there).
 
@@ -305,6 +309,8 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
                          "torchrun use rk.callbacks.BackupAndRestore(backup_dir), "
                          "which writes sharded reckeras checkpoints and resumes "
                          "mid-epoch on any number of ranks")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an int or None, got {seed!r}")
     batch_size = check_batch_size(batch_size)
     verbose = check_verbose(verbose)
     if not (isinstance(validation_freq, int) and validation_freq >= 1):
@@ -349,10 +355,17 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
         model.train()
+        # Without a seed, as Keras reshuffles on every call, each epoch the
+        # model trains takes the next seed: fit(epochs=1) called n times
+        # shuffles as fit(epochs=n), and so does a fit resumed from a
+        # checkpoint (which keeps the count) or from its epoch.
+        epoch_seed = seed + epoch if seed is not None else \
+            max(model.loop_state.epochs_fitted, epoch)
         step_logs = _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets,
-                               shuffle, seed, pipeline, prefetch_depth, callback_list,
+                               shuffle, epoch_seed, pipeline, prefetch_depth, callback_list,
                                verbose, skip=skip if epoch == initial_epoch else 0)
         end_epoch(data)
+        model.loop_state.epochs_fitted += 1
         epoch_logs = metrics_or_step_logs(model, step_logs)
         model.eval()
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
@@ -377,15 +390,16 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
 
 def _fit_epoch(model, epoch, epochs, data, batch_size, steps, targets, shuffle, seed,
                pipeline, prefetch_depth, callback_list, verbose, skip=0):
-    """One epoch of `fit`; its first `skip` batches are left out (`resume_at`).
-    Returns the last step's logs (None when no step ran)."""
+    """One epoch of `fit`, shuffled with `seed`; its first `skip` batches are
+    left out (`resume_at`). Returns the last step's logs (None when no step
+    ran)."""
     batch_end = _batch_end_hook(callback_list, "train")
     bar = tqdm(total=steps, initial=skip, desc=f"Epoch {epoch + 1}/{epochs}",
                unit="step", disable=verbose != 1, leave=True)
     examples, taken, started, step_s = 0, 0, time.perf_counter(), 0.0
     logs = None
     stream = epoch_stream(model, data, batch_size, steps, targets, True, shuffle,
-                          seed + epoch, pipeline, prefetch_depth, skip=skip)
+                          seed, pipeline, prefetch_depth, skip=skip)
     with stream as batches:
         for step, batch in enumerate(batches, start=skip):
             callback_list.on_train_batch_begin(step)

@@ -283,7 +283,7 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
             sample_weight: Any = None, initial_epoch: int = 0,
             steps_per_epoch: int | None = None, validation_steps: int | None = None,
             validation_batch_size: int | None = None, validation_freq: int = 1,
-            labels: str | dict | None = None, seed: int = 0,
+            labels: str | dict | None = None, seed: int | None = None,
             pipeline: bool | str = "auto",
             prefetch_depth: int = 2) -> keras.callbacks.History:
         """Trains the model, with the arguments of `keras.Model.fit`.
@@ -315,8 +315,8 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
                 loss weight by its class (the rounded label).
             sample_weight: per-example loss weights: an array for in-memory
                 `x`, or the name of a column.
-            initial_epoch: epoch to start at (to resume from a checkpoint:
-                epoch `e` always uses shuffle seed `seed + e`).
+            initial_epoch: epoch to start at (to resume from a checkpoint,
+                with the uninterrupted run's shuffle: see `seed`).
             steps_per_epoch: stop an epoch after this many steps.
             validation_steps: evaluate at most this many steps.
             validation_batch_size: batch size of the validation (default
@@ -326,7 +326,13 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
                 or `{output name: column}` for a model with dict outputs
                 (default: `y`, else the data's `label` column). The
                 validation data is read with the same labels.
-            seed: seed of the shuffle (epoch `e` uses `seed + e`).
+            seed: seed of the shuffle: epoch `e` uses `seed + e`. By
+                default (None) each epoch the model trains takes the next
+                seed, counting the epochs of earlier `fit` calls (and of
+                the checkpoint it loaded), at least `e`: calling
+                `fit(epochs=1)` n times shuffles as `fit(epochs=n)` does
+                (Keras reshuffles on every call). Give a seed to repeat an
+                order.
             pipeline: `True` prepares batches in background threads,
                 `False` inline before each step; the result is the same
                 either way. `"auto"` uses threads when they have a core of

@@ -97,6 +97,32 @@ def test_the_index_names_its_faults(old):
     path.write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match=r"windows \[\[None\]\] do not give"):
         read_index(old / "full")
+    index = json.loads(path.read_text())
+    index["windows"] = [[None, None]]
+    for bad in (-1, 1.5, "2"):
+        index["epochs_fitted"] = bad
+        index["index_crc32"] = index_crc(index)
+        path.write_text(json.dumps(index))
+        with pytest.raises(CheckpointError, match=f"epochs_fitted {bad!r} is not a count"):
+            read_index(old / "full")
+
+
+def test_the_epochs_fitted_are_saved_and_restored(old, tmp_path):
+    """`fit`'s shuffle goes on from a checkpoint's count of epochs; an index
+    without it (format 4) counts 0; a warm start keeps the model's own."""
+    model = build()
+    model.fit(window(1), batch_size=16, epochs=2, verbose=0)
+    model.save_checkpoint(tmp_path / "ckpt")
+    assert read_index(tmp_path / "ckpt")["epochs_fitted"] == 2
+    fresh = build()
+    fresh.fit(window(9), batch_size=16, epochs=3, verbose=0)
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    assert fresh.loop_state.epochs_fitted == 2
+    fresh.load_checkpoint(old / "full")
+    assert fresh.loop_state.epochs_fitted == 0
+    fresh.fit(window(9), batch_size=16, epochs=1, verbose=0)
+    fresh.load_checkpoint(tmp_path / "ckpt", warm_start=True)
+    assert fresh.loop_state.epochs_fitted == 1
 
 
 def test_tags_are_written_in_the_narrowest_int_that_holds_the_tables(tmp_path):

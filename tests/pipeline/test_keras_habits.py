@@ -238,3 +238,24 @@ def test_pandas_dataframes_train_evaluate_and_predict_as_their_table():
     categorical = features.assign(a=features["a"].astype("category"))
     np.testing.assert_array_equal(model.predict(categorical, verbose=0),
                                   model.predict(features, verbose=0))
+
+
+def test_fit_called_epoch_by_epoch_reshuffles_as_one_fit_of_many_epochs():
+    """Keras reshuffles on every `fit` call: `fit(epochs=1)` in a loop (to
+    evaluate between epochs) trains as `fit(epochs=3)`, not on one order
+    three times; a given seed repeats its order."""
+    train = synthetic(1000)
+    whole = build()
+    whole.fit(train, batch_size=128, epochs=3, verbose=0)
+    looped = build()
+    for _ in range(3):
+        looped.fit(train, batch_size=128, epochs=1, verbose=0)
+    assert looped.loop_state.epochs_fitted == 3
+    assert_same(snapshot(looped), snapshot(whole))
+    fixed = build()
+    for _ in range(3):
+        fixed.fit(train, batch_size=128, epochs=1, verbose=0, seed=0)
+    with pytest.raises(AssertionError):
+        assert_same(snapshot(fixed), snapshot(whole))
+    with pytest.raises(ValueError, match="seed must be an int or None"):
+        fixed.fit(train, batch_size=128, epochs=1, verbose=0, seed=1.5)
