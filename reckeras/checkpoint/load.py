@@ -144,6 +144,8 @@ def load_checkpoint(model: Any, path: str | os.PathLike, warm_start: bool = Fals
         engine.mark_saved(loaded, full=True)
     if not warm_start:       # where the shuffle goes on (`fit`'s seed)
         model.loop_state.epochs_fitted = last.get("epochs_fitted", 0)
+        if model.table_rate is not None:
+            model.table_rate.follow()   # the restored dense rate sets the tables'
     if warm_start and world.is_main and (report.removed_tables or report.removed_variables
                                          or report.skipped_variables):
         warnings.warn(f"warm start from {path!r} skipped tables {report.removed_tables}, "

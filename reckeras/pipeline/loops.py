@@ -379,6 +379,8 @@ def fit(model: keras.Model, x: Any, y: Any, batch_size: int | None, epochs: int,
                 prefetch_depth=prefetch_depth)
             epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         callback_list.on_epoch_end(epoch, epoch_logs)
+        if model.table_rate is not None:
+            model.table_rate.follow()   # as the epoch's callbacks set the dense rate
         if verbose:
             tqdm.write(f"Epoch {epoch + 1}/{epochs}: " + "  ".join(
                 f"{k}={v:.4f}" for k, v in epoch_logs.items()))

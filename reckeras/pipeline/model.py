@@ -18,6 +18,7 @@ from reckeras.pipeline.functional import FunctionalGraph, rebase_on_functional
 from reckeras.pipeline.model_state import ModelStateMethods
 from reckeras.pipeline.on_batch import OnBatchMethods
 from reckeras.pipeline.refused import RefusedKerasMethods
+from reckeras.pipeline.table_rate import TableRate
 
 
 class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model):
@@ -90,6 +91,7 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
         self.nonfinite = "raise"
         # Set by compile; an uncompiled model saves without them.
         self.embedding_optimizer = None
+        self.table_rate: TableRate | None = None
         self._group_metrics: list = []
         self._group_outputs: list = []
         self.pipeline_stats: dict[str, Any] = {}
@@ -200,6 +202,8 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
             embedding_optimizer, self.embedding_layers)
         for layer in self.embedding_layers:
             layer.engine.set_optimizer(self.embedding_optimizer)
+        self.table_rate = None if self.embedding_optimizer is None else \
+            TableRate(self.optimizer, self.embedding_optimizer)
 
     def get_compile_config(self) -> dict | None:
         """The compile arguments, with the embedding optimizer and GAUC metrics.

@@ -90,6 +90,8 @@ def train_step(model: keras.Model, data: tuple) -> dict:
             `compile(nonfinite="raise")`; it changed nothing.
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    if model.table_rate is not None:
+        model.table_rate.follow()       # a callback may have set the dense rate
     engines = [layer.engine for layer in model.embedding_layers]
     for engine in engines:
         engine.release_pins()       # left by a step that failed mid-way

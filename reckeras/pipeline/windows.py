@@ -184,6 +184,8 @@ def fit_windows(model: keras.Model, windows: Sequence[Any], *, batch_size: int |
         if ages:
             logs.update(_end_window(layers))
         callback_list.on_epoch_end(index, logs)
+        if model.table_rate is not None:
+            model.table_rate.follow()   # as the epoch's callbacks set the dense rate
         history.history.setdefault("window", []).append(name)
         if verbose:
             tqdm.write(f"Window {index + 1}/{len(windows)} {name}: " + "  ".join(
