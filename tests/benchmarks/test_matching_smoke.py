@@ -18,7 +18,8 @@ import reckeras as rk
 
 def test_a_small_synthetic_run_reports_every_line(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["matching.py", "--users", "300", "--items", "400",
-                                      "--epochs", "2", "--negatives", "50", "--dim", "8"])
+                                      "--epochs", "3", "--negatives", "50", "--dim", "8",
+                                      "--patience", "1", "--eval-every", "2"])
     matching.main()
     out = capsys.readouterr().out
     teacher = re.search(r"^matching data=synthetic users=300 items=400 "
@@ -29,11 +30,33 @@ def test_a_small_synthetic_run_reports_every_line(monkeypatch, capsys):
     for name in ("popularity", "svd8"):
         assert re.search(rf"^matching baseline={name} recall_at_20=0\.\d+ ndcg_at_20=0\.\d+$",
                          out, re.MULTILINE), out
-    for epoch in (1, 2):
-        assert re.search(rf"^matching epoch={epoch} recall_at_20=0\.\d+ ndcg_at_20=0\.\d+ "
-                         rf"fit_s=\S+$", out, re.MULTILINE), out
-    assert re.search(r"^matching recall_at_20=0\.\d+ ndcg_at_20=0\.\d+ best_epoch=[12]$", out,
-                     re.MULTILINE), out
+    selected = re.findall(r"^matching select epoch=(\d+) val_recall_at_20=0\.\d+ "
+                          r"rate=(\S+)$", out, re.MULTILINE)
+    assert [int(e) for e, _ in selected] == [1, 2, 3], out
+    best = re.search(r"^matching select best_epoch=([123]) val_recall_at_20=0\.\d+$", out,
+                     re.MULTILINE)
+    assert best, out
+    # The final fit replays the selected epochs' rates, test figures every 2.
+    epochs = int(best.group(1))
+    rates = ",".join(rate for _, rate in selected[:epochs])
+    shown = [int(e) for e in re.findall(r"^matching epoch=(\d+) recall_at_20=0\.\d+ "
+                                        r"ndcg_at_20=0\.\d+ rate=\S+$", out, re.MULTILINE)]
+    assert shown == sorted({e for e in (2, epochs) if e <= epochs}), out
+    assert re.search(rf"^matching recall_at_20=0\.\d+ ndcg_at_20=0\.\d+ epochs={epochs} "
+                     rf"schedule={rates} fit_s=\d+$", out, re.MULTILINE), out
+
+
+def test_a_given_schedule_skips_the_selection(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["matching.py", "--users", "200", "--items", "300",
+                                      "--negatives", "50", "--dim", "8",
+                                      "--schedule", "0.001,0.0001", "--eval-every", "1"])
+    matching.main()
+    out = capsys.readouterr().out
+    assert "matching select" not in out
+    assert re.search(r"^matching epoch=2 recall_at_20=0\.\d+ ndcg_at_20=0\.\d+ rate=0\.0001$",
+                     out, re.MULTILINE), out
+    assert re.search(r"^matching recall_at_20=0\.\d+ ndcg_at_20=0\.\d+ epochs=2 "
+                     r"schedule=0\.001,0\.0001 ", out, re.MULTILINE), out
 
 
 def test_the_synthetic_holds_out_a_fifth_of_each_users_items(tmp_path):
