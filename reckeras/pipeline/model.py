@@ -164,7 +164,10 @@ class Model(ModelStateMethods, OnBatchMethods, RefusedKerasMethods, keras.Model)
             loss: Keras loss.
             embedding_optimizer: a `rk.optimizers` sparse optimizer (or its
                 name) for the embedding tables. Required when the model has a
-                ShardedEmbedding layer.
+                ShardedEmbedding layer. Its learning rate follows the dense
+                optimizer's: when a callback (`ReduceLROnPlateau`,
+                `LearningRateScheduler`) sets that, the tables' rate is
+                scaled by the same factor (docs/keras_api.md).
             metrics: Keras metrics; `rk.metrics.GAUC` also receives the
                 group ids of every example from the model's inputs.
             nonfinite: what a training step whose loss, or any dense or
