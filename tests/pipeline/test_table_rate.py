@@ -7,18 +7,15 @@ import pytest
 
 import reckeras as rk
 from reckeras.pipeline.table_rate import TableRate
+import test_model
 from test_model import synthetic
 
 DENSE, TABLES = 0.01, 0.1
 
 
-def build(dense_rate=DENSE, seed=0):
-    keras.utils.set_random_seed(seed)
-    columns = rk.layers.FeatureColumns([rk.features.Numeric("n"),
-                                        rk.features.Categorical("a", dim=8),
-                                        rk.features.Categorical("b", dim=8)])
-    model = rk.models.dlrm(columns, bottom_units=(16, 8), top_units=(32, 1),
-                           dropout=0.0, embedding_l2=0.0)
+def build(dense_rate=DENSE):
+    model = test_model.build()
+    # SGD on the tables: a row's step is proportional to the rate.
     model.compile(optimizer=keras.optimizers.Adam(dense_rate), loss="binary_crossentropy",
                   embedding_optimizer=rk.optimizers.SGD(TABLES))
     return model
@@ -114,11 +111,17 @@ def test_a_dense_schedule_is_not_followed():
     assert model.embedding_optimizer.learning_rate == TABLES
 
 
-def test_an_exact_checkpoint_load_restores_the_tables_rate(tmp_path):
+def trained_at_a_quarter():
+    """A model trained, then a step after its dense rate is set to a quarter."""
     model = build()
     model.fit(synthetic(256), batch_size=128, epochs=1, verbose=0)
     model.optimizer.learning_rate = DENSE / 4
     model.train_on_batch(synthetic(128))
+    return model
+
+
+def test_an_exact_checkpoint_load_restores_the_tables_rate(tmp_path):
+    model = trained_at_a_quarter()
     assert model.embedding_optimizer.learning_rate == pytest.approx(TABLES / 4)
     model.save_checkpoint(tmp_path / "ckpt")
 
@@ -133,10 +136,7 @@ def test_an_exact_checkpoint_load_restores_the_tables_rate(tmp_path):
 
 
 def test_a_saved_model_keeps_both_rates(tmp_path):
-    model = build()
-    model.fit(synthetic(256), batch_size=128, epochs=1, verbose=0)
-    model.optimizer.learning_rate = DENSE / 4
-    model.train_on_batch(synthetic(128))
+    model = trained_at_a_quarter()
     model.save(tmp_path / "model.keras")
     loaded = keras.models.load_model(tmp_path / "model.keras")
     assert dense_rate(loaded) == pytest.approx(DENSE / 4)
