@@ -44,7 +44,7 @@ class TableRate:
     rate = TableRate(dense, tables)
     dense.learning_rate = 1e-4
     rate.follow()
-    tables.learning_rate     # 0.01
+    tables.learning_rate     # 0.01 (0.1 * 1e-4 / 1e-3, in float32)
     ```
     """
 
